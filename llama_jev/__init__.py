@@ -1,0 +1,108 @@
+"""llama_jev: access control and calibrated relevance judgement after any LlamaIndex retrieval.
+
+Upstream recall -> ACL over node metadata -> one independent System One (Jev) yes/no judgement
+per authorized candidate -> order by probability -> limit. See ``README.md`` for the tour.
+"""
+
+from llama_jev.acl import Acl, MetadataAcl, check_acl
+from llama_jev.audit import JsonlObserver
+from llama_jev.client import JevClient, RetryPolicy
+from llama_jev.context import RuntimeContext, current_runtime_context, resolve_runtime_context, runtime_context
+from llama_jev.errors import (
+    CandidateTooLargeError,
+    JevAPIError,
+    JevAuthenticationError,
+    JevBadRequestError,
+    JevConnectionError,
+    JevError,
+    JevInvalidResponseError,
+    JevNotFoundError,
+    JevOverloadedError,
+    JevPermissionDeniedError,
+    JevRateLimitError,
+    JevServerError,
+    JevTimeoutError,
+    MissingRuntimeContextError,
+    RetrievalInconclusiveError,
+    RetrievalUnavailableError,
+)
+from llama_jev.execution import Decision, DecisionRecord, ExecutionOptions, Mode, Observer, Reason, Selection, Status
+from llama_jev.judge import AnswerFunction, Judge, ScriptedJudge
+from llama_jev.pipeline import PROBABILITY_KEY, JevDecisionEvent
+from llama_jev.postprocessor import JevNodePostprocessor
+from llama_jev.retriever import JevRetriever
+from llama_jev.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
+from llama_jev.tool import JevKnowledgeTool
+from llama_jev.wire import (
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulCriteria,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    SystemOneRequest,
+    SystemOneResult,
+    Usage,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PROBABILITY_KEY",
+    "RELEVANCE_QUESTION",
+    "Acl",
+    "AnswerFunction",
+    "Candidate",
+    "CandidateSelector",
+    "CandidateTooLargeError",
+    "ChoiceAnswer",
+    "ChoiceQuestion",
+    "Decision",
+    "DecisionRecord",
+    "ExecutionOptions",
+    "JevAPIError",
+    "JevAuthenticationError",
+    "JevBadRequestError",
+    "JevClient",
+    "JevConnectionError",
+    "JevDecisionEvent",
+    "JevError",
+    "JevInvalidResponseError",
+    "JevKnowledgeTool",
+    "JevNodePostprocessor",
+    "JevNotFoundError",
+    "JevOverloadedError",
+    "JevPermissionDeniedError",
+    "JevRateLimitError",
+    "JevRetriever",
+    "JevServerError",
+    "JevTimeoutError",
+    "JsonlObserver",
+    "Judge",
+    "MetadataAcl",
+    "MissingRuntimeContextError",
+    "Mode",
+    "NoulAnswer",
+    "NoulCriteria",
+    "NoulQuestion",
+    "Observer",
+    "Reason",
+    "RetrievalInconclusiveError",
+    "RetrievalUnavailableError",
+    "RetryPolicy",
+    "RuntimeContext",
+    "ScoreAnswer",
+    "ScoreQuestion",
+    "ScriptedJudge",
+    "Selection",
+    "Status",
+    "SystemOneRequest",
+    "SystemOneResult",
+    "Usage",
+    "__version__",
+    "check_acl",
+    "current_runtime_context",
+    "resolve_runtime_context",
+    "runtime_context",
+]

@@ -1,0 +1,445 @@
+"""``JevClient``: the HTTP client for ``POST {base_url}/v1/systemone``.
+
+The sync and async clients share one implementation: :meth:`JevClient._exchange` is a generator
+that decides everything (attempt timeouts, parsing, which failures to retry, how long to wait) and
+yields the two kinds of I/O it needs, "send this body" and "sleep this long". The sync and async
+methods only perform those steps. The httpx transport is the seam for tests and proxies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from llama_jev.errors import (
+    JevAPIError,
+    JevAuthenticationError,
+    JevBadRequestError,
+    JevConnectionError,
+    JevInvalidResponseError,
+    JevNotFoundError,
+    JevOverloadedError,
+    JevPermissionDeniedError,
+    JevRateLimitError,
+    JevServerError,
+    JevTimeoutError,
+)
+from llama_jev.wire import DEFAULT_MODEL, SystemOneRequest, SystemOneResult, check_result
+
+__all__ = ["DEFAULT_BASE_URL", "JevClient", "RetryPolicy"]
+
+DEFAULT_BASE_URL = "https://api.typesafe.ai"
+API_KEY_ENVIRONMENT = ("TYPESAFE_API_KEY", "JEV_API_KEY")
+BASE_URL_ENVIRONMENT = "TYPESAFE_BASE_URL"
+_ENDPOINT = "/v1/systemone"
+_MAX_MESSAGE = 500
+_REDACTED = "[redacted]"
+
+logger = logging.getLogger("llama_jev.client")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When and how long :class:`JevClient` waits before sending a failed request again.
+
+    Retried: 408, 429, 529, other 5xx, connection failures and per-attempt timeouts. Never
+    retried: 400, 401, 403, 404, 422 and invalid responses. The n-th retry waits
+    ``min(max_backoff, initial_backoff * 2**(n-1))`` scaled by a random factor in [0.5, 1] (jitter,
+    so clients that failed together do not retry together), or the server's ``Retry-After`` when
+    it sends one. A ``Retry-After`` longer than ``max_retry_after`` is not waited for: the error is
+    raised at once, since retrying earlier than asked would only be refused again.
+
+    Example:
+        >>> RetryPolicy(max_retries=0)  # fail on the first error
+        RetryPolicy(max_retries=0, initial_backoff=0.5, max_backoff=5.0, max_retry_after=30.0)
+    """
+
+    max_retries: int = 2
+    initial_backoff: float = 0.5
+    max_backoff: float = 5.0
+    max_retry_after: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0, got {self.max_retries!r}")
+        for name in ("initial_backoff", "max_backoff", "max_retry_after"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if self.initial_backoff > self.max_backoff:
+            raise ValueError("initial_backoff must not exceed max_backoff")
+
+    def delay(self, retry_number: int, error: JevAPIError, rng: random.Random) -> float | None:
+        """Seconds to wait before retry ``retry_number`` (1-based) after ``error``; ``None``: don't."""
+        if not error.retryable or retry_number > self.max_retries:
+            return None
+        retry_after = error.retry_after if isinstance(error, JevRateLimitError) else None
+        if retry_after is not None:
+            return float(retry_after) if retry_after <= self.max_retry_after else None
+        exponential: float = min(self.max_backoff, self.initial_backoff * 2 ** (retry_number - 1))
+        return exponential * (0.5 + 0.5 * rng.random())
+
+
+@dataclass(frozen=True)
+class _Send:
+    body: bytes
+    timeout: float
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+_Step = _Send | _Sleep
+# What performing a step gives back to the exchange: a response, a transport failure, or nothing.
+_Outcome = httpx.Response | JevAPIError | None
+
+
+class JevClient:
+    """Client for a System One server: TypeSafe's Jev, or any server speaking ``/v1/systemone``.
+
+    Args:
+        api_key: the key sent as ``Authorization: Bearer``; defaults to ``TYPESAFE_API_KEY``, then
+            ``JEV_API_KEY``. A missing key fails here, not at the first call.
+        base_url: the server; a base already ending in ``/v1`` or ``/v1/systemone`` works too.
+            Defaults to ``TYPESAFE_BASE_URL``, then ``https://api.typesafe.ai``.
+        model: the model name sent with each request.
+        timeout: seconds allowed for one attempt (connect, send, wait, read).
+        retry: the :class:`RetryPolicy`.
+        transport / async_transport: httpx transports, for tests, proxies or custom TLS.
+
+    Example:
+        >>> with JevClient(api_key="sk-...", base_url="http://127.0.0.1:8000") as client:  # doctest: +SKIP
+        ...     result = client.system_one(request)
+
+    One client reuses its connections across calls (sync and async pools are kept separately);
+    close it, or use it as a (async) context manager. The key never appears in ``repr``, logs,
+    records or exception messages: a server message that echoes it is redacted.
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        model: str = DEFAULT_MODEL,
+        timeout: float = 5.0,
+        retry: RetryPolicy | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        key = api_key if api_key is not None else _key_from_environment()
+        if key is None or not key.strip():
+            raise JevAuthenticationError(
+                "no System One API key: pass api_key=... or set TYPESAFE_API_KEY (or JEV_API_KEY)"
+            )
+        if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not model.strip():
+            raise ValueError("model must not be blank")
+        self._key = key
+        self.base_url = normalize_base_url(base_url or os.environ.get(BASE_URL_ENVIRONMENT) or DEFAULT_BASE_URL)
+        self.model = model
+        self.timeout = float(timeout)
+        self.retry = retry if retry is not None else RetryPolicy()
+        self._transport = transport
+        self._async_transport = async_transport
+        self._rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
+        self._sync: httpx.Client | None = None
+        self._async: httpx.AsyncClient | None = None
+        self._async_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"JevClient(base_url={self.base_url!r}, model={self.model!r}, api_key={_REDACTED!r})"
+
+    @property
+    def endpoint(self) -> str:
+        """The full URL requests are posted to."""
+        return self.base_url + _ENDPOINT
+
+    # --- the shared core -------------------------------------------------------------------
+
+    def _exchange(
+        self, request: SystemOneRequest, timeout: float | None
+    ) -> Generator[_Step, _Outcome, SystemOneResult]:
+        """Everything about one call except the I/O itself (see the module docstring)."""
+        if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
+            raise JevTimeoutError("no time left for the System One call", retryable=True)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        body = json.dumps(self._with_model(request).wire(), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        retry_number = 0
+        while True:
+            left = math.inf if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise JevTimeoutError("the time budget ran out before the next attempt", retryable=True)
+            outcome = yield _Send(body, min(self.timeout, left))
+            try:
+                return self._result(outcome, request)
+            except JevAPIError as error:
+                retry_number += 1
+                delay = self.retry.delay(retry_number, error, self._rng)
+                if delay is None:
+                    raise
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise JevTimeoutError(
+                        f"the time budget does not allow the {delay:.2f} s wait before a retry; last error: {error}",
+                        retryable=True,
+                    ) from error
+                logger.debug("System One attempt %d failed (%s); retrying in %.3f s", retry_number, error, delay)
+            yield _Sleep(delay)
+
+    def _with_model(self, request: SystemOneRequest) -> SystemOneRequest:
+        # The request model defaults to the alias; a client configured for another model sends its own.
+        if "model" in request.model_fields_set:
+            return request
+        return request.model_copy(update={"model": self.model})
+
+    def _result(self, outcome: _Outcome, request: SystemOneRequest) -> SystemOneResult:
+        if isinstance(outcome, JevAPIError):
+            raise outcome
+        if outcome is None:  # pragma: no cover - a driver bug, not a server behaviour
+            raise RuntimeError("the exchange was resumed without a response")
+        if not 200 <= outcome.status_code < 300:
+            raise self._status_error(outcome)
+        try:
+            result = SystemOneResult.model_validate_json(outcome.content)
+        except ValidationError as error:
+            raise JevInvalidResponseError(
+                f"the response is not a valid System One result: {_describe(error)}", status_code=outcome.status_code
+            ) from None
+        try:
+            return check_result(request, result)
+        except JevInvalidResponseError as error:
+            error.status_code = outcome.status_code
+            raise
+
+    def _status_error(self, response: httpx.Response) -> JevAPIError:
+        status = response.status_code
+        message = self._redact(_server_message(response)) or response.reason_phrase or "no message"
+        text = f"System One returned {status}: {message}"
+        if status == 401:
+            return JevAuthenticationError(text, status_code=status)
+        if status == 403:
+            return JevPermissionDeniedError(text, status_code=status)
+        if status in (400, 422):
+            return JevBadRequestError(text, status_code=status)
+        if status == 404:
+            return JevNotFoundError(f"{text} (is {self.endpoint} the right endpoint?)", status_code=status)
+        if status == 408:
+            return JevTimeoutError(text, status_code=status, retryable=True)
+        if status == 429:
+            return JevRateLimitError(text, status_code=status, retry_after=_retry_after(response.headers))
+        if status == 529:
+            return JevOverloadedError(text, status_code=status, retry_after=_retry_after(response.headers))
+        if status >= 500:
+            return JevServerError(text, status_code=status, retryable=True)
+        return JevAPIError(text, status_code=status)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._key, _REDACTED)
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {self._key}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+
+    # --- sync I/O -------------------------------------------------------------------------
+
+    def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        """Send ``request`` and return its validated result, retrying as :attr:`retry` says.
+
+        ``timeout`` bounds the whole call (all attempts and waits); ``None``: attempts alone.
+
+        Raises:
+            JevAPIError: a subclass saying what failed (see :mod:`llama_jev.errors`).
+        """
+        steps = self._exchange(request, timeout)
+        outcome: _Outcome = None
+        while True:
+            try:
+                step = steps.send(outcome)
+            except StopIteration as finished:
+                result: SystemOneResult = finished.value
+                return result
+            outcome = self._perform(step)
+
+    def _perform(self, step: _Step) -> _Outcome:
+        if isinstance(step, _Sleep):
+            time.sleep(step.seconds)
+            return None
+        if self._sync is None:
+            self._sync = httpx.Client(headers=self._headers(), transport=self._transport)
+        try:
+            return self._sync.post(self.endpoint, content=step.body, timeout=step.timeout)
+        except httpx.HTTPError as error:
+            return _transport_error(error)
+
+    def close(self) -> None:
+        """Close the sync connection pool (the async one is closed by :meth:`aclose`)."""
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+
+    def __enter__(self) -> JevClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- async I/O ------------------------------------------------------------------------
+
+    async def asystem_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        """The async twin of :meth:`system_one`: same rules, never blocks the event loop."""
+        steps = self._exchange(request, timeout)
+        outcome: _Outcome = None
+        while True:
+            try:
+                step = steps.send(outcome)
+            except StopIteration as finished:
+                result: SystemOneResult = finished.value
+                return result
+            outcome = await self._aperform(step)
+
+    async def _aperform(self, step: _Step) -> _Outcome:
+        if isinstance(step, _Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        client = self._async_client()
+        try:
+            return await client.post(self.endpoint, content=step.body, timeout=step.timeout)
+        except httpx.HTTPError as error:
+            return _transport_error(error)
+
+    def _async_client(self) -> httpx.AsyncClient:
+        # An AsyncClient's pool belongs to the loop that opened it; a second asyncio.run() in the
+        # same process gets a fresh pool instead of a "loop is closed" error.
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._async_loop is not loop:
+            self._async = httpx.AsyncClient(headers=self._headers(), transport=self._async_transport)
+            self._async_loop = loop
+        return self._async
+
+    async def aclose(self) -> None:
+        """Close both connection pools."""
+        if self._async is not None and self._async_loop is asyncio.get_running_loop():
+            await self._async.aclose()
+        self._async = None
+        self._async_loop = None
+        self.close()
+
+    async def __aenter__(self) -> JevClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def normalize_base_url(base_url: str) -> str:
+    """``https://host/v1/systemone/`` -> ``https://host``: the endpoint path is added per request."""
+    url = base_url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+    for suffix in (_ENDPOINT, "/v1"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+            break
+    return url.rstrip("/")
+
+
+def _key_from_environment() -> str | None:
+    for name in API_KEY_ENVIRONMENT:
+        value = os.environ.get(name)
+        if value and value.strip():
+            return value
+    return None
+
+
+def _transport_error(error: httpx.HTTPError) -> JevAPIError:
+    kind = type(error).__name__
+    if isinstance(error, httpx.TimeoutException):
+        return JevTimeoutError(f"the System One attempt timed out ({kind})", retryable=True)
+    if isinstance(error, httpx.TransportError):
+        return JevConnectionError(f"could not reach the System One server or read its answer ({kind})", retryable=True)
+    return JevConnectionError(f"the HTTP exchange failed ({kind})", retryable=True)
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The human part of an error body: ``error``, ``message`` or ``detail`` (FastAPI's list too)."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return _clip(response.text.strip())
+    if not isinstance(body, dict):
+        return _clip(str(body))
+    for key in ("error", "message", "detail"):
+        value = body.get(key)
+        if isinstance(value, dict) and isinstance(value.get("message"), str):
+            return _clip(value["message"])
+        if isinstance(value, str):
+            return _clip(value)
+        if isinstance(value, list):
+            parts = [_validation_item(item) for item in value if isinstance(item, dict)]
+            return _clip("; ".join(part for part in parts if part))
+    return ""
+
+
+def _validation_item(item: dict[str, Any]) -> str:
+    location = ".".join(str(part) for part in item.get("loc", []) if part != "body")
+    message = item.get("msg")
+    if not isinstance(message, str):
+        return ""
+    return f"{location}: {message}" if location else message
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MAX_MESSAGE:
+        return text
+    return text[:_MAX_MESSAGE] + f"... [{len(text) - _MAX_MESSAGE} more characters]"
+
+
+def _describe(error: ValidationError) -> str:
+    # Locations and messages only: the offending input values are left out of the message.
+    problems = [f"{'.'.join(str(part) for part in item['loc']) or 'body'}: {item['msg']}" for item in error.errors()]
+    return _clip("; ".join(problems))
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), if usable."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds is not None:
+        try:
+            value = float(milliseconds) / 1000
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(raw).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return max(0.0, seconds)
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None

@@ -1,0 +1,146 @@
+"""The exception tree of llama_jev.
+
+Every error a user can act on has its own class; messages say what failed, with which status and
+whether a retry could help. Messages never carry an API key, query text or document text: tool
+exceptions are shown to an LLM, and records end up in logs.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CandidateTooLargeError",
+    "JevAPIError",
+    "JevAuthenticationError",
+    "JevBadRequestError",
+    "JevConnectionError",
+    "JevError",
+    "JevInvalidResponseError",
+    "JevNotFoundError",
+    "JevOverloadedError",
+    "JevPermissionDeniedError",
+    "JevRateLimitError",
+    "JevServerError",
+    "JevTimeoutError",
+    "MissingRuntimeContextError",
+    "RetrievalInconclusiveError",
+    "RetrievalUnavailableError",
+]
+
+
+class JevError(Exception):
+    """Base class of every error raised by llama_jev."""
+
+
+class JevAPIError(JevError):
+    """A System One call failed.
+
+    Attributes:
+        status_code: the HTTP status of the response, or ``None`` when no response arrived
+            (connection failure, per-attempt timeout) or the response was unusable.
+        retryable: whether the same request may succeed if sent again.
+        message: the server's message (``message``, ``error`` or ``detail`` of the body) or a
+            description of what went wrong, with any credential removed.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, retryable: bool = False) -> None:
+        self.message = message
+        self.status_code = status_code
+        self.retryable = retryable
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        status = f"HTTP {self.status_code}" if self.status_code is not None else "no HTTP status"
+        hint = "retryable" if self.retryable else "not retryable"
+        return f"{self.message} ({status}, {hint})"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+
+class JevAuthenticationError(JevAPIError):
+    """401: the API key is missing, wrong or revoked. Not retried."""
+
+
+class JevPermissionDeniedError(JevAuthenticationError):
+    """403: the key is valid but may not use this model or endpoint. Not retried."""
+
+
+class JevBadRequestError(JevAPIError):
+    """400 or 422: the server rejected the request body. Not retried: the same body fails again."""
+
+
+class JevNotFoundError(JevAPIError):
+    """404: wrong base URL or unknown model. Not retried."""
+
+
+class JevRateLimitError(JevAPIError):
+    """429: rate limited. Retried after ``retry_after`` seconds when the server says so."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = 429,
+        retryable: bool = True,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code, retryable=retryable)
+        self.retry_after = retry_after
+
+
+class JevOverloadedError(JevRateLimitError):
+    """529: the service is overloaded. Retried with backoff."""
+
+
+class JevServerError(JevAPIError):
+    """A 5xx response (other than 529). Retried with backoff."""
+
+
+class JevTimeoutError(JevAPIError, TimeoutError):
+    """An attempt, or the whole call, ran out of time (also 408). Retried while budget remains."""
+
+
+class JevConnectionError(JevAPIError, ConnectionError):
+    """The server could not be reached, or closed the connection before answering. Retried."""
+
+
+class JevInvalidResponseError(JevAPIError):
+    """The response broke the protocol (bad JSON, wrong keys or types, probability outside [0, 1]).
+
+    Not retried: a server that answers wrongly once is not to be trusted by asking again.
+    """
+
+
+class CandidateTooLargeError(JevError, ValueError):
+    """A single candidate's text exceeds what one System One request can carry.
+
+    Nothing is truncated: split such documents into smaller nodes (a node parser with a smaller
+    ``chunk_size``), or raise the selector's ``max_request_tokens`` if your server allows it.
+    """
+
+
+class MissingRuntimeContextError(JevError, LookupError):
+    """No ``RuntimeContext`` is bound and none was passed: there is no implicit identity."""
+
+
+class RetrievalUnavailableError(JevError):
+    """ENFORCE could not judge the candidates (timeout, HTTP error after retries, invalid answer).
+
+    This is not "no evidence": the knowledge base may well hold the answer. ``reason`` is the
+    decision record's reason (``TIMEOUT`` or ``CALL_OR_RESPONSE_ERROR``).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class RetrievalInconclusiveError(JevError):
+    """ENFORCE selected nothing and at least one candidate was uncertain.
+
+    ``uncertain`` holds the node ids whose probability fell strictly between the thresholds.
+    """
+
+    def __init__(self, message: str, *, uncertain: tuple[str, ...]) -> None:
+        self.uncertain = uncertain
+        super().__init__(message)

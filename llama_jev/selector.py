@@ -1,0 +1,405 @@
+"""``CandidateSelector``: one independent yes/no judgement per candidate, batched and concurrent.
+
+The rules live in pure functions (:func:`plan_batches`, :func:`classify`) and in the selector's
+``_plan`` / ``_finish`` / ``_failed`` steps; ``select`` and ``aselect`` differ only in how they
+wait for the batches (a thread pool or asyncio tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llama_jev.errors import CandidateTooLargeError, JevInvalidResponseError, MissingRuntimeContextError
+from llama_jev.execution import (
+    Budget,
+    Decision,
+    DecisionRecord,
+    ExecutionOptions,
+    Mode,
+    Reason,
+    Selection,
+    Status,
+)
+from llama_jev.judge import Judge
+from llama_jev.wire import Instructions, NoulQuestion, Question, SystemOneRequest, SystemOneResult
+
+if TYPE_CHECKING:
+    from llama_jev.context import RuntimeContext
+
+__all__ = [
+    "MAX_CANDIDATES",
+    "RELEVANCE_QUESTION",
+    "Candidate",
+    "CandidateSelector",
+    "classify",
+    "estimate_tokens",
+    "plan_batches",
+]
+
+MAX_CANDIDATES = 1024
+RELEVANCE_QUESTION = "Does this passage provide evidence relevant to the query?"
+# Fixed cost of one question in the request (id, type, the instruction keys).
+_QUESTION_OVERHEAD_TOKENS = 16
+
+logger = logging.getLogger("llama_jev.selector")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One thing to judge: its id (a node id) and the text sent to the judge."""
+
+    id: str
+    text: str
+
+
+def estimate_tokens(text: str) -> int:
+    """A conservative token count: one token per 3 UTF-8 bytes (English runs about 4 per token)."""
+    return len(text.encode("utf-8")) // 3 + 1
+
+
+def plan_batches(
+    candidates: Sequence[Candidate], *, fixed_tokens: int, batch_size: int, max_request_tokens: int
+) -> list[list[Candidate]]:
+    """Split candidates into requests of at most ``batch_size`` questions and ``max_request_tokens``.
+
+    ``fixed_tokens`` is what every request carries anyway (the state and the question). Order is
+    kept. A candidate that cannot fit even alone raises :class:`CandidateTooLargeError`: it is
+    never truncated nor silently left out.
+    """
+    batches: list[list[Candidate]] = []
+    current: list[Candidate] = []
+    used = fixed_tokens
+    for candidate in candidates:
+        cost = estimate_tokens(candidate.text) + _QUESTION_OVERHEAD_TOKENS
+        if fixed_tokens + cost > max_request_tokens:
+            raise CandidateTooLargeError(
+                f"candidate {candidate.id!r} is about {cost} tokens; with the query and question "
+                f"({fixed_tokens} tokens) it exceeds the {max_request_tokens}-token request budget. "
+                "Split the document into smaller nodes."
+            )
+        if current and (len(current) >= batch_size or used + cost > max_request_tokens):
+            batches.append(current)
+            current, used = [], fixed_tokens
+        current.append(candidate)
+        used += cost
+    if current:
+        batches.append(current)
+    return batches
+
+
+def classify(scores: Mapping[str, float], *, reject: float, accept: float) -> Selection:
+    """Accept ``p >= accept``, reject ``p <= reject``, the rest is uncertain (bounds inclusive).
+
+    Each group is ordered by probability descending, then id ascending, so ties are stable.
+    """
+    ordered = sorted(scores, key=lambda node_id: (-scores[node_id], node_id))
+    return Selection(
+        selected=tuple(node_id for node_id in ordered if scores[node_id] >= accept),
+        rejected=tuple(node_id for node_id in ordered if scores[node_id] <= reject),
+        uncertain=tuple(node_id for node_id in ordered if reject < scores[node_id] < accept),
+        scores=dict(scores),
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One judgement, ready to send: the requests and, per request, the candidate id of each item."""
+
+    requests: tuple[SystemOneRequest, ...]
+    ids: tuple[dict[str, str], ...]
+    count: int
+
+
+class CandidateSelector:
+    """Asks a :class:`~llama_jev.Judge` one independent yes/no question per candidate.
+
+    Args:
+        judge: a :class:`~llama_jev.JevClient`, :class:`~llama_jev.ScriptedJudge` or any ``Judge``.
+        options: the :class:`~llama_jev.ExecutionOptions` (mode, budget, version, observer).
+        reject: ``p <= reject`` is rejected. accept: ``p >= accept`` is selected. Between is uncertain.
+        batch_size: most questions per request (default 64).
+        max_request_tokens: estimated token budget per request (state + questions); TypeSafe
+            allows about 32k, the default keeps a margin.
+        max_concurrency: most requests in flight at once for one judgement.
+        purpose: the label written into records.
+
+    Example:
+        >>> judge = ScriptedJudge(lambda state, qid, ins: 0.9 if "refund" in ins["candidate"] else 0.1)
+        >>> selector = CandidateSelector(judge, ExecutionOptions(mode=Mode.ENFORCE))
+        >>> decision = selector.select(
+        ...     "What are the refund conditions?",
+        ...     RELEVANCE_QUESTION,
+        ...     [Candidate("a", "Refunds within seven days."), Candidate("b", "Shipping takes 3 days.")],
+        ... )
+        >>> decision.selection.selected
+        ('a',)
+    """
+
+    def __init__(
+        self,
+        judge: Judge,
+        options: ExecutionOptions,
+        reject: float = 0.2,
+        accept: float = 0.8,
+        *,
+        batch_size: int = 64,
+        max_request_tokens: int = 30_000,
+        max_concurrency: int = 8,
+        purpose: str = "retrieval_relevance",
+    ) -> None:
+        if not isinstance(judge, Judge):
+            raise TypeError("judge must provide system_one() and asystem_one() (see llama_jev.Judge)")
+        if not isinstance(options, ExecutionOptions):
+            raise TypeError("options must be an ExecutionOptions")
+        for name, value in (("reject", reject), ("accept", accept)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not 0.0 <= reject < accept <= 1.0:
+            raise ValueError(f"thresholds must satisfy 0 <= reject < accept <= 1, got reject={reject}, accept={accept}")
+        for name, number, low in (("batch_size", batch_size, 1), ("max_concurrency", max_concurrency, 1),
+                                  ("max_request_tokens", max_request_tokens, 64)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {number!r}")
+        if not purpose.strip():
+            raise ValueError("purpose must not be blank")
+        self.judge = judge
+        self.options = options
+        self.reject = float(reject)
+        self.accept = float(accept)
+        self.batch_size = batch_size
+        self.max_request_tokens = max_request_tokens
+        self.max_concurrency = max_concurrency
+        self.purpose = purpose
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"CandidateSelector(judge={self.judge!r}, mode={self.options.mode.value}, "
+            f"reject={self.reject}, accept={self.accept})"
+        )
+
+    @property
+    def mode(self) -> Mode:
+        """The mode of :attr:`options`."""
+        return self.options.mode
+
+    # --- the shared steps -----------------------------------------------------------------
+
+    def _plan(self, state: Instructions, question: str, candidates: Sequence[Candidate]) -> _Plan:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question must be a non-blank string")
+        if len(candidates) > MAX_CANDIDATES:
+            raise ValueError(f"{len(candidates)} candidates exceed the limit of {MAX_CANDIDATES} per judgement")
+        seen: set[str] = set()
+        for candidate in candidates:
+            if not isinstance(candidate, Candidate):
+                raise TypeError(f"candidates must be Candidate objects, got {type(candidate).__name__}")
+            if not isinstance(candidate.id, str) or not candidate.id.strip():
+                raise ValueError("candidate ids must be non-blank strings")
+            if not isinstance(candidate.text, str):
+                raise TypeError(f"candidate {candidate.id!r}: text must be a string")
+            if candidate.id in seen:
+                raise ValueError(f"duplicate candidate id {candidate.id!r}")
+            seen.add(candidate.id)
+        fixed = estimate_tokens(str(state)) + estimate_tokens(question)
+        batches = plan_batches(
+            candidates, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
+        )
+        requests, ids = [], []
+        for batch in batches:
+            items = {f"item_{index}": candidate for index, candidate in enumerate(batch)}
+            questions: dict[str, Question] = {
+                item: NoulQuestion(instructions={"question": question, "candidate": candidate.text})
+                for item, candidate in items.items()
+            }
+            requests.append(SystemOneRequest(state=state, questions=questions))
+            ids.append({item: candidate.id for item, candidate in items.items()})
+        return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates))
+
+    def _record(
+        self, plan: _Plan, budget: Budget, status: Status, reason: Reason,
+        selection: Selection | None = None, model: str | None = None,
+    ) -> DecisionRecord:
+        return DecisionRecord(
+            purpose=self.purpose,
+            version=self.options.version,
+            mode=self.options.mode,
+            status=status,
+            reason=reason,
+            elapsed_ms=budget.elapsed_ms(),
+            candidates=plan.count,
+            requests=len(plan.requests),
+            model=model,
+            selected=selection.selected if selection else (),
+            uncertain=selection.uncertain if selection else (),
+            rejected=selection.rejected if selection else (),
+            scores=dict(selection.scores) if selection else {},
+        )
+
+    def _finish(self, plan: _Plan, budget: Budget, results: Sequence[SystemOneResult]) -> Decision:
+        scores: dict[str, float] = {}
+        for ids, result in zip(plan.ids, results, strict=True):
+            for item, node_id in ids.items():
+                scores[node_id] = result.noul(item)
+        if len(scores) != plan.count:  # pragma: no cover - guarded by check_result in every judge
+            raise JevInvalidResponseError("the answers do not cover every candidate")
+        selection = classify(scores, reject=self.reject, accept=self.accept)
+        nothing_chosen = not selection.selected and selection.uncertain
+        status = Status.INCONCLUSIVE if nothing_chosen else Status.DECIDED
+        models = sorted({result.model for result in results})
+        record = self._record(plan, budget, status, Reason.CLASSIFIED, selection, ",".join(models) or None)
+        return Decision(status=status, reason=Reason.CLASSIFIED, selection=selection, record=record)
+
+    def _failed(self, plan: _Plan, budget: Budget, error: BaseException) -> Decision:
+        reason = Reason.TIMEOUT if isinstance(error, TimeoutError) else Reason.CALL_OR_RESPONSE_ERROR
+        record = self._record(plan, budget, Status.ERROR, reason)
+        return Decision(status=Status.ERROR, reason=reason, record=record, error=error)
+
+    def _skipped(self, plan: _Plan, budget: Budget) -> Decision:
+        selection = Selection()
+        record = self._record(plan, budget, Status.SKIPPED, Reason.NO_CANDIDATES, selection)
+        return Decision(status=Status.SKIPPED, reason=Reason.NO_CANDIDATES, selection=selection, record=record)
+
+    def _observe(self, ctx: RuntimeContext | None, decision: Decision) -> Decision:
+        observer = self.options.observer
+        if observer is not None and decision.record is not None:
+            try:
+                observer(ctx if ctx is not None else _bound_context(), decision.record)
+            except Exception:
+                # An audit hook must never change what the user gets; its failure is still visible.
+                logger.exception("the decision observer raised; the decision stands")
+        return decision
+
+    # --- sync -----------------------------------------------------------------------------
+
+    def select(
+        self, state: Instructions, question: str, candidates: Sequence[Candidate], ctx: RuntimeContext | None = None
+    ) -> Decision:
+        """Judge ``candidates`` against ``state`` (the query) with the yes/no ``question``.
+
+        Never raises for a judge failure: that is a decision with status ``ERROR``. Raises
+        ``ValueError`` for bad input (blank question or ids, duplicate ids, more than 1024
+        candidates, a candidate too large for one request). In mode ``OFF`` nothing is asked and
+        nothing recorded.
+        """
+        if self.options.mode is Mode.OFF:
+            return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
+        budget = Budget(self.options.budget)
+        plan = self._plan(state, question, candidates)
+        if not plan.requests:
+            return self._observe(ctx, self._skipped(plan, budget))
+        try:
+            results = self._gather(plan, budget)
+        except Exception as error:
+            return self._observe(ctx, self._failed(plan, budget, error))
+        return self._observe(ctx, self._finish(plan, budget, results))
+
+    def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
+        if len(plan.requests) == 1:
+            return [self.judge.system_one(plan.requests[0], timeout=budget.remaining())]
+        pool = self._thread_pool()
+        futures = [
+            pool.submit(contextvars.copy_context().run, self._call_sync, request, budget) for request in plan.requests
+        ]
+        done, pending = concurrent.futures.wait(
+            futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
+        )
+        for future in pending:
+            future.cancel()
+        for future in futures:
+            if future in done and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        if pending:
+            raise TimeoutError("the judgement budget ran out before every batch was answered")
+        return [future.result() for future in futures]
+
+    def _call_sync(self, request: SystemOneRequest, budget: Budget) -> SystemOneResult:
+        left = budget.remaining()
+        if left <= 0:
+            raise TimeoutError("the judgement budget ran out before this batch was sent")
+        return self.judge.system_one(request, timeout=left)
+
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self.max_concurrency, thread_name_prefix="llama-jev-judge"
+                )
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the worker threads used by :meth:`select` (the judge is not closed)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+
+    # --- async ----------------------------------------------------------------------------
+
+    async def aselect(
+        self, state: Instructions, question: str, candidates: Sequence[Candidate], ctx: RuntimeContext | None = None
+    ) -> Decision:
+        """The async twin of :meth:`select`. A cancellation is recorded as ``CANCELLED`` and re-raised."""
+        if self.options.mode is Mode.OFF:
+            return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
+        budget = Budget(self.options.budget)
+        plan = self._plan(state, question, candidates)
+        if not plan.requests:
+            return self._observe(ctx, self._skipped(plan, budget))
+        try:
+            results = await self._agather(plan, budget)
+        except asyncio.CancelledError:
+            record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
+            self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
+            raise
+        except Exception as error:
+            return self._observe(ctx, self._failed(plan, budget, error))
+        return self._observe(ctx, self._finish(plan, budget, results))
+
+    async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
+        limit = asyncio.Semaphore(self.max_concurrency)
+
+        async def call(request: SystemOneRequest) -> SystemOneResult:
+            async with limit:
+                left = budget.remaining()
+                if left <= 0:
+                    raise TimeoutError("the judgement budget ran out before this batch was sent")
+                return await self.judge.asystem_one(request, timeout=left)
+
+        tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
+        try:
+            done, pending = await asyncio.wait(
+                tasks, timeout=budget.remaining(), return_when=asyncio.FIRST_EXCEPTION
+            )
+        finally:
+            # Whatever ends the wait (an error, the budget, the caller's cancellation), no batch
+            # is left running behind the decision.
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+        if any(task not in done for task in tasks):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if task in done and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        if pending:
+            raise TimeoutError("the judgement budget ran out before every batch was answered")
+        return [task.result() for task in tasks]
+
+
+def _bound_context() -> RuntimeContext | None:
+    from llama_jev.context import current_runtime_context
+
+    try:
+        return current_runtime_context()
+    except MissingRuntimeContextError:
+        return None

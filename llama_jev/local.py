@@ -215,7 +215,9 @@ class MiniLMEncoder:
                 self._warned_truncation = True
                 logger.warning(
                     "a text of %d tokens was cut to the model's %d-token window; split documents into smaller "
-                    "chunks (this warning is logged once per encoder)", len(ids) + _SPECIAL_TOKENS, self.max_tokens,
+                    "chunks (this warning is logged once per encoder)",
+                    len(ids) + _SPECIAL_TOKENS,
+                    self.max_tokens,
                 )
             windows.append(ids[: self.max_tokens - _SPECIAL_TOKENS])
         return self._forward(model, windows)
@@ -231,7 +233,7 @@ class MiniLMEncoder:
         Example:
             >>> encoder = MiniLMEncoder()
             >>> [vectors.shape for vectors in encoder.encode_windows(["short", "word " * 600])]
-            [(1, 384), (4, 384)]
+            [(1, 384), (3, 384)]
         """
         content = self.max_tokens - _SPECIAL_TOKENS
         if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < content:
@@ -487,9 +489,7 @@ class LocalRelevanceJudge:
             cached = vectors.pop(0)
             self._remember_query(query, cached)
         found = iter(vectors)
-        cosines = [
-            float(np.max(next(found) @ cached.T)) if passage.strip() else 0.0 for passage in passages
-        ]
+        cosines = [float(np.max(next(found) @ cached.T)) if passage.strip() else 0.0 for passage in passages]
         return cosines
 
     def _cached_query(self, query: str) -> Vectors | None:

@@ -36,7 +36,12 @@ class JevNodePostprocessor(BaseNodePostprocessor):
     _judged: JudgedRetrieval = PrivateAttr()
 
     def __init__(
-        self, selector: CandidateSelector, acl: Acl, top_n: int | None = None, *, question: str = RELEVANCE_QUESTION,
+        self,
+        selector: CandidateSelector,
+        acl: Acl,
+        top_n: int | None = None,
+        *,
+        question: str = RELEVANCE_QUESTION,
         **kwargs: Any,
     ) -> None:
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):

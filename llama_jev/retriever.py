@@ -138,9 +138,7 @@ class JevRetriever(BaseRetriever):
         with runtime_context(ctx):
             return super().retrieve(str_or_query_bundle)
 
-    async def aretrieve(
-        self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None
-    ) -> list[NodeWithScore]:
+    async def aretrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Async :meth:`retrieve`."""
         if ctx is None:
             return await super().aretrieve(str_or_query_bundle)

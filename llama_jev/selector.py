@@ -164,8 +164,11 @@ class CandidateSelector:
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         if not 0.0 <= reject < accept <= 1.0:
             raise ValueError(f"thresholds must satisfy 0 <= reject < accept <= 1, got reject={reject}, accept={accept}")
-        for name, number, low in (("batch_size", batch_size, 1), ("max_concurrency", max_concurrency, 1),
-                                  ("max_request_tokens", max_request_tokens, 64)):
+        for name, number, low in (
+            ("batch_size", batch_size, 1),
+            ("max_concurrency", max_concurrency, 1),
+            ("max_request_tokens", max_request_tokens, 64),
+        ):
             if isinstance(number, bool) or not isinstance(number, int) or number < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {number!r}")
         if not purpose.strip():
@@ -226,8 +229,13 @@ class CandidateSelector:
         return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates))
 
     def _record(
-        self, plan: _Plan, budget: Budget, status: Status, reason: Reason,
-        selection: Selection | None = None, model: str | None = None,
+        self,
+        plan: _Plan,
+        budget: Budget,
+        status: Status,
+        reason: Reason,
+        selection: Selection | None = None,
+        model: str | None = None,
     ) -> DecisionRecord:
         return DecisionRecord(
             purpose=self.purpose,
@@ -377,9 +385,7 @@ class CandidateSelector:
 
         tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
         try:
-            done, pending = await asyncio.wait(
-                tasks, timeout=budget.remaining(), return_when=asyncio.FIRST_EXCEPTION
-            )
+            done, pending = await asyncio.wait(tasks, timeout=budget.remaining(), return_when=asyncio.FIRST_EXCEPTION)
         finally:
             # Whatever ends the wait (an error, the budget, the caller's cancellation), no batch
             # is left running behind the decision.

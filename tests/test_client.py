@@ -60,7 +60,8 @@ def test_request_carries_bearer_key_model_and_path(jev_server: SystemOneTestServ
     sent = jev_server.requests[0]
     assert sent.path == "/v1/systemone"
     assert sent.headers["authorization"] == f"Bearer {API_KEY}"
-    assert sent.json is not None and sent.json["model"] == "jev-latest"
+    assert sent.json is not None
+    assert sent.json["model"] == "jev-latest"
 
 
 def test_configured_model_is_sent(jev_server: SystemOneTestServer) -> None:
@@ -76,7 +77,9 @@ def test_base_url_forms_reach_the_endpoint(jev_server: SystemOneTestServer, suff
     assert jev_server.requests[0].path == "/v1/systemone"
 
 
-def test_key_from_typesafe_then_jev_environment(monkeypatch: pytest.MonkeyPatch, jev_server: SystemOneTestServer) -> None:
+def test_key_from_typesafe_then_jev_environment(
+    monkeypatch: pytest.MonkeyPatch, jev_server: SystemOneTestServer
+) -> None:
     monkeypatch.delenv("TYPESAFE_API_KEY", raising=False)
     monkeypatch.setenv("JEV_API_KEY", API_KEY)
     with JevClient(base_url=jev_server.base_url) as client:
@@ -206,8 +209,13 @@ def test_invalid_responses_are_rejected_without_retry(jev_server: SystemOneTestS
 
 @pytest.mark.parametrize(
     "body",
-    [{"error": "quota exceeded"}, {"message": "quota exceeded"}, {"detail": "quota exceeded"},
-     {"error": {"message": "quota exceeded"}}, {"detail": [{"loc": ["body", "state"], "msg": "quota exceeded"}]}],
+    [
+        {"error": "quota exceeded"},
+        {"message": "quota exceeded"},
+        {"detail": "quota exceeded"},
+        {"error": {"message": "quota exceeded"}},
+        {"detail": [{"loc": ["body", "state"], "msg": "quota exceeded"}]},
+    ],
 )
 def test_error_message_comes_from_the_body(jev_server: SystemOneTestServer, body: dict[str, object]) -> None:
     jev_server.inject(Fault.status(400, body=body))
@@ -234,9 +242,9 @@ def test_retry_after_is_honoured(jev_server: SystemOneTestServer) -> None:
 
 def test_retry_after_beyond_the_cap_is_not_waited_for(jev_server: SystemOneTestServer) -> None:
     jev_server.inject(Fault.rate_limited(retry_after=60))
-    with client_for(jev_server, retry=RetryPolicy(max_retry_after=1.0)) as client:
-        with pytest.raises(JevRateLimitError) as caught:
-            client.system_one(request(0.9))
+    client = client_for(jev_server, retry=RetryPolicy(max_retry_after=1.0))
+    with client, pytest.raises(JevRateLimitError) as caught:
+        client.system_one(request(0.9))
     assert caught.value.retry_after == 60
     assert jev_server.request_count == 1
 

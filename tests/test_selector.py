@@ -73,13 +73,15 @@ def test_boundaries_are_inclusive() -> None:
 def test_ties_are_ordered_by_id() -> None:
     cands = [Candidate(node_id, marked(0.9, node_id)) for node_id in ("c", "a", "b")]
     decision = selector().select(QUERY, RELEVANCE_QUESTION, cands)
-    assert decision.selection is not None and decision.selection.selected == ("a", "b", "c")
+    assert decision.selection is not None
+    assert decision.selection.selected == ("a", "b", "c")
 
 
 def test_all_rejected_is_decided_with_nothing_selected() -> None:
     decision = selector().select(QUERY, RELEVANCE_QUESTION, candidates(0.1, 0.2))
     assert decision.status is Status.DECIDED
-    assert decision.selection is not None and decision.selection.selected == ()
+    assert decision.selection is not None
+    assert decision.selection.selected == ()
 
 
 def test_nothing_selected_and_one_uncertain_is_inconclusive() -> None:
@@ -105,7 +107,8 @@ def test_thresholds_at_the_extremes_are_allowed() -> None:
 def test_zero_candidates_send_no_request(jev_server: SystemOneTestServer) -> None:
     records = Records()
     decision = selector(http_judge(jev_server), records=records).select(QUERY, RELEVANCE_QUESTION, [])
-    assert decision.status is Status.SKIPPED and decision.reason is Reason.NO_CANDIDATES
+    assert decision.status is Status.SKIPPED
+    assert decision.reason is Reason.NO_CANDIDATES
     assert jev_server.request_count == 0
     assert len(records.records) == 1
 
@@ -117,7 +120,8 @@ def test_more_than_1024_candidates_is_a_value_error() -> None:
 
 def test_1024_candidates_are_accepted() -> None:
     decision = selector().select(QUERY, RELEVANCE_QUESTION, candidates(*([0.9] * 1024)))
-    assert decision.selection is not None and len(decision.selection.selected) == 1024
+    assert decision.selection is not None
+    assert len(decision.selection.selected) == 1024
 
 
 @pytest.mark.parametrize(
@@ -144,8 +148,10 @@ def test_blank_question_is_a_value_error(question: str) -> None:
 def test_off_mode_asks_nothing_and_records_nothing() -> None:
     judge, records = ScriptedJudge(marked_answer), Records()
     decision = selector(judge, mode=Mode.OFF, records=records).select(QUERY, RELEVANCE_QUESTION, candidates(0.9))
-    assert decision.status is Status.SKIPPED and decision.reason is Reason.MODE_OFF
-    assert judge.requests == [] and records.records == []
+    assert decision.status is Status.SKIPPED
+    assert decision.reason is Reason.MODE_OFF
+    assert judge.requests == []
+    assert records.records == []
 
 
 # --- batching -------------------------------------------------------------------------------
@@ -158,8 +164,10 @@ def test_130_candidates_take_three_requests_mapped_back_to_their_ids(jev_server:
     assert decision.status is Status.DECIDED
     sizes = sorted(len(r.json["questions"]) for r in jev_server.requests)  # type: ignore[index]
     assert sizes == [2, 64, 64]
-    assert all(set(r.json["questions"]) == {f"item_{i}" for i in range(len(r.json["questions"]))}  # type: ignore[index]
-               for r in jev_server.requests)
+    assert all(
+        set(r.json["questions"]) == {f"item_{i}" for i in range(len(r.json["questions"]))}  # type: ignore[index]
+        for r in jev_server.requests
+    )
     assert decision.selection is not None
     assert dict(decision.selection.scores) == {c.id: p for c, p in zip(cands, probabilities, strict=True)}
 
@@ -197,7 +205,9 @@ async def test_async_batches_are_sent_concurrently_within_the_limit(jev_server: 
 
 
 @pytest.mark.parametrize("use_async", [False, True])
-async def test_one_bad_batch_makes_the_whole_decision_an_error(jev_server: SystemOneTestServer, use_async: bool) -> None:
+async def test_one_bad_batch_makes_the_whole_decision_an_error(
+    jev_server: SystemOneTestServer, use_async: bool
+) -> None:
     jev_server.inject(Fault.probability(float("nan")))
     records = Records()
     chosen = selector(http_judge(jev_server), batch_size=2, records=records)
@@ -206,10 +216,12 @@ async def test_one_bad_batch_makes_the_whole_decision_an_error(jev_server: Syste
         decision = await chosen.aselect(QUERY, RELEVANCE_QUESTION, cands)
     else:
         decision = chosen.select(QUERY, RELEVANCE_QUESTION, cands)
-    assert decision.status is Status.ERROR and decision.reason is Reason.CALL_OR_RESPONSE_ERROR
+    assert decision.status is Status.ERROR
+    assert decision.reason is Reason.CALL_OR_RESPONSE_ERROR
     assert decision.selection is None
     assert [r.status for r in records.records] == [Status.ERROR]
-    assert records.records[0].selected == () and records.records[0].scores == {}
+    assert records.records[0].selected == ()
+    assert records.records[0].scores == {}
 
 
 # --- budget, cancellation, observer ---------------------------------------------------------
@@ -226,7 +238,8 @@ async def test_budget_shorter_than_the_retry_wait_is_one_timeout_record(
         decision = await chosen.aselect(QUERY, RELEVANCE_QUESTION, candidates(0.9))
     else:
         decision = chosen.select(QUERY, RELEVANCE_QUESTION, candidates(0.9))
-    assert decision.status is Status.ERROR and decision.reason is Reason.TIMEOUT
+    assert decision.status is Status.ERROR
+    assert decision.reason is Reason.TIMEOUT
     assert [(r.status, r.reason) for r in records.records] == [(Status.ERROR, Reason.TIMEOUT)]
     assert jev_server.request_count == 1
 
@@ -247,7 +260,8 @@ async def test_budget_bounds_a_slow_server(jev_server: SystemOneTestServer, use_
 def test_http_error_after_retries_is_call_or_response_error(jev_server: SystemOneTestServer) -> None:
     jev_server.inject_always(Fault.status(500))
     decision = selector(http_judge(jev_server)).select(QUERY, RELEVANCE_QUESTION, candidates(0.9))
-    assert decision.status is Status.ERROR and decision.reason is Reason.CALL_OR_RESPONSE_ERROR
+    assert decision.status is Status.ERROR
+    assert decision.reason is Reason.CALL_OR_RESPONSE_ERROR
     assert jev_server.request_count == 3
 
 
@@ -271,7 +285,8 @@ def test_observer_that_raises_does_not_change_the_outcome(caplog: pytest.LogCapt
     with caplog.at_level(logging.ERROR, logger="llama_jev.selector"):
         decision = chosen.select(QUERY, RELEVANCE_QUESTION, candidates(0.9, 0.1))
     assert decision.status is Status.DECIDED
-    assert decision.selection is not None and decision.selection.selected == ("n0",)
+    assert decision.selection is not None
+    assert decision.selection.selected == ("n0",)
     assert "observer" in caplog.text
 
 
@@ -296,11 +311,15 @@ def test_record_holds_ids_scores_and_configuration(jev_server: SystemOneTestServ
     chosen = CandidateSelector(http_judge(jev_server), options)
     chosen.select(QUERY, RELEVANCE_QUESTION, candidates(0.9, 0.5, 0.1))
     record = json.loads(records.records[0].to_json())
-    assert record["mode"] == "shadow" and record["version"] == "thresholds-2026-12"
-    assert record["status"] == "decided" and record["reason"] == "CLASSIFIED"
+    assert record["mode"] == "shadow"
+    assert record["version"] == "thresholds-2026-12"
+    assert record["status"] == "decided"
+    assert record["reason"] == "CLASSIFIED"
     assert (record["selected"], record["uncertain"], record["rejected"]) == (["n0"], ["n1"], ["n2"])
     assert record["scores"] == {"n0": 0.9, "n1": 0.5, "n2": 0.1}
-    assert record["model"] == "jev-test-1" and record["candidates"] == 3 and record["requests"] == 1
+    assert record["model"] == "jev-test-1"
+    assert record["candidates"] == 3
+    assert record["requests"] == 1
 
 
 @pytest.mark.parametrize("budget", [0, -1, float("inf"), float("nan")])

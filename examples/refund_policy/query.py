@@ -1,0 +1,291 @@
+"""Step 2: reopen the collection and ask as different users. ``python -m examples.refund_policy.query``.
+
+The collection is reopened as it is (``VectorStoreIndex.from_vector_store``: nothing is embedded
+but the question). Its retriever is wrapped in a :class:`~llama_jev.JevRetriever` with the
+knowledge base's :class:`~llama_jev.MetadataAcl`, and each user asks the question under their own
+bound :class:`~llama_jev.RuntimeContext`, first in SHADOW mode (the judge only records its view),
+then in ENFORCE mode (only passages the judge accepts are returned). For each, the printout shows
+the passages the answer generator (the LLM of a query engine) would receive, and the decision
+record the judgement produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+from llama_index.core import VectorStoreIndex
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.schema import NodeWithScore
+from llama_index.vector_stores.qdrant import QdrantVectorStore
+from qdrant_client import QdrantClient
+
+from examples.refund_policy import kb, store
+from examples.refund_policy.models import Choice, choose_embedding, choose_judge
+from llama_jev import (
+    PROBABILITY_KEY,
+    CandidateSelector,
+    DecisionRecord,
+    ExecutionOptions,
+    JevError,
+    JevRetriever,
+    Judge,
+    Mode,
+    RetrievalInconclusiveError,
+    RetrievalUnavailableError,
+    RuntimeContext,
+    runtime_context,
+)
+
+TOP_K = 3
+CANDIDATE_LIMIT = 20
+# Generous: a cold first call of the local model on a slow machine must not read as a judge failure.
+BUDGET_SECONDS = 5.0
+_RULE = "=" * 78
+_WIDTH = 78
+
+
+class CollectionMissingError(RuntimeError):
+    """The collection has not been built yet: run the ingestion step first."""
+
+
+def open_index(client: QdrantClient, embed_model: BaseEmbedding, *, collection: str | None = None) -> VectorStoreIndex:
+    """The existing collection as a ``VectorStoreIndex``, without ingesting anything.
+
+    Raises:
+        CollectionMissingError: the collection does not exist (it is never created here).
+    """
+    name = collection or store.collection_name(embed_model)
+    if not client.collection_exists(name):
+        raise CollectionMissingError(
+            f"collection {name!r} does not exist: run `python -m examples.refund_policy.ingest` first "
+            "(or `python -m examples.refund_policy`, which ingests when needed)"
+        )
+    vector_store = QdrantVectorStore(collection_name=name, client=client)
+    return VectorStoreIndex.from_vector_store(vector_store, embed_model=embed_model)
+
+
+def open_retriever(
+    index: VectorStoreIndex,
+    mode: Mode,
+    judge: Judge,
+    *,
+    observer: Callable[[RuntimeContext | None, DecisionRecord], object] | None = None,
+    top_k: int = TOP_K,
+    candidate_limit: int = CANDIDATE_LIMIT,
+    prefilter: bool = True,
+) -> JevRetriever:
+    """Wrap ``index``'s retriever with the ACL and the judge, in ``mode``.
+
+    ``prefilter`` also hands the ACL to Qdrant as a metadata filter, so documents the caller may
+    not read never take candidate slots; the in-process ACL check runs either way.
+    """
+    options = ExecutionOptions(mode=mode, budget=BUDGET_SECONDS, version="refund-policy-example-v1", observer=observer)
+    return JevRetriever.from_index(
+        index,
+        CandidateSelector(judge, options),
+        kb.ACL,
+        candidate_limit=candidate_limit,
+        top_k=top_k,
+        prefilter=prefilter,
+    )
+
+
+@dataclass
+class Outcome:
+    """One user asking in one mode: what came back, the decision records, how long it took."""
+
+    user: kb.User
+    mode: Mode
+    passages: list[NodeWithScore] = field(default_factory=list)
+    records: list[DecisionRecord] = field(default_factory=list)
+    error: JevError | None = None
+    seconds: float = 0.0
+
+    @property
+    def keys(self) -> list[str]:
+        """The document keys returned, in order."""
+        return [kb.BY_ID[passage.node.node_id].key for passage in self.passages]
+
+
+def ask(
+    index: VectorStoreIndex,
+    judge: Judge,
+    user: kb.User,
+    mode: Mode,
+    question: str = kb.QUESTION,
+    *,
+    prefilter: bool = True,
+) -> Outcome:
+    """Retrieve for ``user`` in ``mode``, as a query engine or agent would, and keep the records."""
+    outcome = Outcome(user=user, mode=mode)
+    retriever = open_retriever(
+        index, mode, judge, observer=lambda ctx, record: outcome.records.append(record), prefilter=prefilter
+    )
+    started = time.perf_counter()
+    # The identity is bound around the call, never passed in the query: this is what a
+    # query engine's or agent's retrieval reads.
+    with runtime_context(user.context):
+        try:
+            outcome.passages = retriever.retrieve(question)
+        except (RetrievalInconclusiveError, RetrievalUnavailableError) as error:
+            outcome.error = error
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def walkthrough(
+    index: VectorStoreIndex,
+    judge: Judge,
+    *,
+    users: Sequence[kb.User] = kb.USERS,
+    modes: Sequence[Mode] = (Mode.SHADOW, Mode.ENFORCE),
+    question: str = kb.QUESTION,
+    prefilter: bool = True,
+) -> list[Outcome]:
+    """Every user asks ``question`` in every mode, users in order, modes in order."""
+    return [ask(index, judge, user, mode, question, prefilter=prefilter) for user in users for mode in modes]
+
+
+# --- printing ---------------------------------------------------------------------------
+
+_MODE_LINES = {
+    Mode.OFF: "OFF: ACL only, no judge call, no record",
+    Mode.SHADOW: "SHADOW: the judge is asked and its verdict recorded; the passages are left as they were",
+    Mode.ENFORCE: "ENFORCE: only passages the judge accepts (p >= 0.8) reach the answer generator",
+}
+
+
+def _wrap(text: str, indent: str) -> str:
+    return textwrap.fill(text, width=_WIDTH, initial_indent=indent, subsequent_indent=indent)
+
+
+def user_heading(user: kb.User) -> str:
+    """The line that starts a user's section (tests look for it)."""
+    return f"=== user: {user.name} ({user.who}; tenant {user.context.tenant_id}) ==="
+
+
+def render(outcome: Outcome) -> str:
+    """A readable account of one outcome: passages, then the decision record."""
+    lines = [f"--- {_MODE_LINES[outcome.mode]}"]
+    if outcome.error is not None:
+        kind = "INCONCLUSIVE" if isinstance(outcome.error, RetrievalInconclusiveError) else "UNAVAILABLE"
+        lines.append(f"  {kind}: {outcome.error}")
+        lines.append("  (an error, not an empty answer: the answer generator gets nothing and must not guess)")
+    else:
+        count = len(outcome.passages)
+        lines.append(f"  The answer generator receives {count} passage{'s' if count != 1 else ''}:")
+        if not outcome.passages:
+            lines.append("    (none: the judge found no passage relevant, a real 'no evidence')")
+        for number, passage in enumerate(outcome.passages, start=1):
+            document = kb.BY_ID[passage.node.node_id]
+            probability = passage.node.metadata.get(PROBABILITY_KEY)
+            judged = f", judge p={probability:.2f}" if probability is not None else ""
+            lines.append(f"    {number}. [{document.key}] {document.title} (vector score {passage.score:.3f}{judged})")
+            lines.append(_wrap(passage.node.get_content(), "         "))
+    timing = f"  retrieval {outcome.seconds * 1000:.0f} ms"
+    for record in outcome.records:
+        lines.append(f"  Decision record: status {record.status.value}, {record.candidates} candidates judged "
+                     f"in {record.elapsed_ms:.0f} ms by {record.model}")
+        verdicts = [("selected", record.selected), ("uncertain", record.uncertain), ("rejected", record.rejected)]
+        for verdict, ids in verdicts:
+            for node_id in ids:
+                lines.append(f"    {verdict:<9} p={record.scores[node_id]:.2f}  {kb.BY_ID[node_id].key}")
+        lines.append("    as JSON (ids and probabilities only, never text):")
+        lines.append(_wrap(record.to_json(), "      "))
+    if not outcome.records:
+        lines.append("  No decision record (no judgement in this mode).")
+    lines.append(timing)
+    return "\n".join(lines)
+
+
+def render_header(store_line: str, embedding: Choice, judge: Choice, question: str) -> str:
+    """What runs where: the vector store, the embedding, the judge, the ACL, the question."""
+    lines = [
+        _RULE,
+        "llama_jev example: who may read what (ACL), then what is relevant (judge)",
+        _RULE,
+        f"Vector store : {store_line}",
+        f"Embedding    : {embedding.label}",
+    ]
+    if embedding.note:
+        lines.append(_wrap(embedding.note, "               "))
+    lines.append(f"Judge        : {judge.label}")
+    if judge.note:
+        lines.append(_wrap(judge.note, "               "))
+    lines.append("ACL          : MetadataAcl over tenant / users / roles / public; it runs before the judge, so")
+    lines.append("               text a user may not read is never sent to the judge")
+    lines.append(f"Question     : {question}")
+    return "\n".join(lines)
+
+
+# --- the command ------------------------------------------------------------------------
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--storage", help=f"local-mode folder (default {store.DEFAULT_STORAGE}); ignored with QDRANT_URL")
+    parser.add_argument("--question", default=kb.QUESTION, help=f"what the users ask (default: {kb.QUESTION!r})")
+    parser.add_argument(
+        "--user", action="append", choices=[user.name for user in kb.USERS],
+        help="ask only as this user (repeatable; default: all)",
+    )
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the collection first (with ingestion)")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> int:
+    """Run the walkthrough and print it. With ``ingest_if_missing``, build the collection first if needed."""
+    prog = "python -m examples.refund_policy" if ingest_if_missing else "python -m examples.refund_policy.query"
+    args = _parser(prog).parse_args(argv)
+    users = [kb.USER_BY_NAME[name] for name in args.user] if args.user else list(kb.USERS)
+    embedding = choose_embedding()
+    judge = choose_judge(embedding.component)
+    print(render_header(store.describe(store.client_options(args.storage)), embedding, judge, args.question))
+
+    encoder = getattr(embedding.component, "encoder", None)
+    if encoder is not None:
+        started = time.perf_counter()
+        encoder.load()  # once, up front, so the first query's latency is the query's own
+        print(f"\nLoaded the local model in {time.perf_counter() - started:.2f} s")
+
+    if ingest_if_missing or args.rebuild:
+        # Step 1, with its own client, closed before step 2 reopens the folder (Qdrant local
+        # mode allows one client per folder).
+        from examples.refund_policy.ingest import ensure_collection
+
+        with store.connect(args.storage) as client:
+            done = ensure_collection(client, embedding.component, rebuild=args.rebuild)
+        if done.built:
+            print(f"Ingested {done.points} documents into {done.collection!r} in {done.seconds:.2f} s")
+        else:
+            print(f"Collection {done.collection!r} already holds {done.points} points: not re-ingested")
+
+    with ExitStack() as stack:
+        close = getattr(judge.component, "close", None)
+        if callable(close):
+            stack.callback(close)
+        started = time.perf_counter()
+        client = stack.enter_context(store.connect(args.storage))
+        try:
+            index = open_index(client, embedding.component)
+        except CollectionMissingError as error:
+            print(f"\n{error}")
+            return 2
+        points = store.point_count(client, store.collection_name(embedding.component))
+        print(f"Reopened {points} points in {time.perf_counter() - started:.2f} s (nothing re-embedded)")
+
+        for user in users:
+            print(f"\n{user_heading(user)}")
+            for mode in (Mode.SHADOW, Mode.ENFORCE):
+                print(render(ask(index, judge.component, user, mode, args.question)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

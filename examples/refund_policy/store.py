@@ -1,0 +1,69 @@
+"""Where the collection lives: Qdrant local mode on disk by default, a Qdrant server via QDRANT_URL.
+
+The same code serves both; only the environment changes:
+
+- ``QDRANT_URL`` unset: ``QdrantClient(path=...)``, an on-disk database inside this process
+  (one client per folder at a time: close it before opening the folder again);
+- ``QDRANT_URL=http://localhost:6333`` (see ``docker/docker-compose.yml``): that server, with
+  ``QDRANT_API_KEY`` sent when set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from qdrant_client import QdrantClient
+
+DEFAULT_STORAGE = Path(__file__).resolve().parent / "storage"
+COLLECTION_PREFIX = "refund_policy"
+
+
+def client_options(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``QdrantClient`` arguments for this environment: a server if ``QDRANT_URL`` is set, else ``path``."""
+    environ = os.environ if environ is None else environ
+    url = environ.get("QDRANT_URL", "").strip()
+    if url:
+        api_key = environ.get("QDRANT_API_KEY", "").strip()
+        return {"url": url, "api_key": api_key or None}
+    return {"path": str(Path(path) if path is not None else DEFAULT_STORAGE)}
+
+
+def describe(options: Mapping[str, Any]) -> str:
+    """A line saying where the data is (never the API key)."""
+    if "url" in options:
+        secured = ", with QDRANT_API_KEY" if options.get("api_key") else ""
+        return f"Qdrant server at {options['url']}{secured}"
+    return f"Qdrant local mode, on disk at {options['path']}"
+
+
+@contextmanager
+def connect(path: str | os.PathLike[str] | None = None) -> Iterator[QdrantClient]:
+    """A Qdrant client for this environment, closed on exit (which releases a local folder's lock)."""
+    client = QdrantClient(**client_options(path))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def collection_name(embed_model: BaseEmbedding) -> str:
+    """One collection per embedding model: vectors from different models must never be mixed.
+
+    Switching the embedding (the local extra installed or not) then builds a new collection
+    instead of querying 384-dimensional vectors with a 32-dimensional query.
+    """
+    model = f"{embed_model.class_name()}_{embed_model.model_name}"
+    return f"{COLLECTION_PREFIX}__{re.sub(r'[^A-Za-z0-9]+', '_', model).strip('_').lower()}"
+
+
+def point_count(client: QdrantClient, collection: str) -> int:
+    """How many points ``collection`` holds; 0 when it does not exist."""
+    if not client.collection_exists(collection):
+        return 0
+    return client.count(collection, exact=True).count

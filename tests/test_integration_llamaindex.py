@@ -1,0 +1,484 @@
+"""JevRetriever, JevNodePostprocessor and search_knowledge inside real LlamaIndex machinery."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.chat_engine import CondensePlusContextChatEngine
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
+from llama_index.core.llms import MockLLM
+from llama_index.core.llms.mock import MockFunctionCallingLLM
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
+
+from llama_jev import (
+    PROBABILITY_KEY,
+    CandidateSelector,
+    DecisionRecord,
+    ExecutionOptions,
+    JevClient,
+    JevDecisionEvent,
+    JevKnowledgeTool,
+    JevNodePostprocessor,
+    JevRetriever,
+    MissingRuntimeContextError,
+    Mode,
+    RetrievalUnavailableError,
+    RetryPolicy,
+    RuntimeContext,
+    ScriptedJudge,
+    runtime_context,
+)
+from llama_jev.testing import Fault, SystemOneTestServer
+
+from .conftest import API_KEY
+from .corpus import ACL, ALICE, BY_ID, DOCS, GINA, SAM, Doc, memory_index, names, qdrant_index, readable
+from .support import marked, marked_answer
+
+QUERY = "What are the refund conditions?"
+
+
+def client(server: SystemOneTestServer) -> JevClient:
+    return JevClient(api_key=API_KEY, base_url=server.base_url, retry=RetryPolicy(initial_backoff=0.01))
+
+
+def selector(judge: Any, mode: Mode = Mode.ENFORCE, records: list[DecisionRecord] | None = None) -> CandidateSelector:
+    observer = None if records is None else (lambda ctx, record: records.append(record))
+    return CandidateSelector(judge, ExecutionOptions(mode=mode, budget=5.0, observer=observer))
+
+
+class PromptCapturingLLM(MockLLM):
+    """An offline LLM that remembers every prompt it was given (the answer generator's view)."""
+
+    _prompts: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def prompts(self) -> list[str]:
+        return self._prompts
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        self.prompts.append(prompt)
+        return super().complete(prompt, formatted=formatted, **kwargs)
+
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        self.prompts.append(prompt)
+        return await super().acomplete(prompt, formatted=formatted, **kwargs)
+
+
+class FixedRetriever(BaseRetriever):
+    """Returns the given nodes as they are (for duplicate ids and oversized candidate sets)."""
+
+    def __init__(self, nodes: Sequence[NodeWithScore]) -> None:
+        super().__init__()
+        self.nodes = list(nodes)
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return list(self.nodes)
+
+
+class EventCollector(BaseEventHandler):
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "EventCollector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture
+def events() -> Any:
+    collector = EventCollector()
+    root = get_dispatcher()
+    root.add_event_handler(collector)
+    yield collector.events
+    root.event_handlers.remove(collector)
+
+
+# --- nodes intact -------------------------------------------------------------------------
+
+
+def test_enforce_returns_copies_with_probability_and_leaves_the_docstore_untouched(
+    jev_server: SystemOneTestServer,
+) -> None:
+    index = memory_index()
+    inner = index.as_retriever(similarity_top_k=10)
+    with runtime_context(ALICE):
+        upstream = {node.node.node_id: node for node in inner.retrieve(QUERY)}
+        nodes = JevRetriever(inner, selector(client(jev_server)), ACL).retrieve(QUERY)
+    assert names(nodes) == ["acme-refund", "acme-alice-note"]
+    for node in nodes:
+        original = upstream[node.node.node_id]
+        assert node.score == original.score
+        assert node.node.get_content() == original.node.get_content()
+        assert node.node.embedding == original.node.embedding
+        assert node.node.metadata == {**original.node.metadata, PROBABILITY_KEY: BY_ID[node.node.node_id].p}
+        assert PROBABILITY_KEY not in node.node.get_content(metadata_mode=MetadataMode.LLM)
+        assert PROBABILITY_KEY not in node.node.get_content(metadata_mode=MetadataMode.EMBED)
+        stored = index.docstore.get_node(node.node.node_id)
+        assert PROBABILITY_KEY not in stored.metadata
+        assert PROBABILITY_KEY not in original.node.metadata
+
+
+def test_judge_receives_node_content_without_metadata(jev_server: SystemOneTestServer) -> None:
+    inner = memory_index().as_retriever(similarity_top_k=10)
+    with runtime_context(SAM):
+        JevRetriever(inner, selector(client(jev_server)), ACL).retrieve(QUERY)
+    sent = jev_server.received_text()
+    assert "Refund policy: refunds for unused items" in sent
+    assert "ACLFIELD-" not in sent
+    assert "support" not in sent.replace("ALICE", "")
+
+
+# BaseRetriever.retrieve already drops repeated ids, so duplicates reach us through the postprocessor.
+@pytest.mark.parametrize("mode", [Mode.SHADOW, Mode.ENFORCE])
+def test_duplicate_node_ids_are_a_value_error(mode: Mode) -> None:
+    node = NodeWithScore(node=DOCS[0].node(), score=1.0)
+    post = JevNodePostprocessor(selector(ScriptedJudge(marked_answer), mode), ACL)
+    with pytest.raises(ValueError, match="duplicate"):
+        post.postprocess_nodes([node, node], query_str=QUERY, ctx=ALICE)
+
+
+def test_duplicates_pass_through_off() -> None:
+    node = NodeWithScore(node=DOCS[0].node(), score=1.0)
+    post = JevNodePostprocessor(selector(ScriptedJudge(marked_answer), Mode.OFF), ACL)
+    assert len(post.postprocess_nodes([node, node], query_str=QUERY, ctx=ALICE)) == 2
+
+
+@pytest.mark.parametrize("mode", [Mode.SHADOW, Mode.ENFORCE])
+def test_more_than_1024_authorized_candidates_is_a_value_error(mode: Mode) -> None:
+    nodes = [
+        NodeWithScore(node=TextNode(id_=f"n{i}", text="x", metadata={"tenant": "acme", "public": "true"}), score=1.0)
+        for i in range(1025)
+    ]
+    retriever = JevRetriever(FixedRetriever(nodes), selector(ScriptedJudge(marked_answer), mode), ACL)
+    with runtime_context(ALICE), pytest.raises(ValueError, match="1024"):
+        retriever.retrieve(QUERY)
+
+
+def test_acl_that_raises_fails_the_retrieval() -> None:
+    def broken_acl(ctx: RuntimeContext, node: Any) -> bool:
+        raise KeyError("acl backend down")
+
+    inner = memory_index().as_retriever(similarity_top_k=3)
+    for mode in Mode:
+        retriever = JevRetriever(inner, selector(ScriptedJudge(marked_answer), mode), broken_acl)
+        with runtime_context(ALICE), pytest.raises(KeyError, match="acl backend down"):
+            retriever.retrieve(QUERY)
+
+
+def test_missing_identity_is_an_error_and_explicit_ctx_works() -> None:
+    retriever = JevRetriever(
+        memory_index().as_retriever(similarity_top_k=10), selector(ScriptedJudge(marked_answer)), ACL
+    )
+    with pytest.raises(MissingRuntimeContextError):
+        retriever.retrieve(QUERY)
+    assert names(retriever.retrieve(QUERY, ctx=GINA)) == ["globex-refund"]
+
+
+@pytest.mark.parametrize(
+    ("candidate_limit", "top_k", "message"), [(0, 5, "candidate_limit"), (1025, 5, "candidate_limit"), (20, 0, "top_k")]
+)
+def test_limits_are_validated(candidate_limit: int, top_k: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        JevRetriever(memory_index().as_retriever(), selector(ScriptedJudge(marked_answer)), ACL, candidate_limit, top_k)
+
+
+# --- recall expansion ---------------------------------------------------------------------
+
+MANY = tuple(Doc(f"acme-doc-{i:02d}", 0.9, f"refund conditions passage {i}", "acme", public=True) for i in range(40))
+
+
+@pytest.mark.parametrize(
+    ("mode", "recalled", "judged"), [(Mode.OFF, 5, 0), (Mode.SHADOW, 5, 5), (Mode.ENFORCE, 20, 20)]
+)
+async def test_recall_expansion_per_mode(
+    jev_server: SystemOneTestServer, events: list[BaseEvent], mode: Mode, recalled: int, judged: int
+) -> None:
+    inner = memory_index(MANY).as_retriever(similarity_top_k=5)
+    retriever = JevRetriever(inner, selector(client(jev_server), mode), ACL, candidate_limit=20, top_k=5)
+    jev_server.set_answer(lambda *args: 0.9)
+    with runtime_context(ALICE):
+        sync_nodes = retriever.retrieve(QUERY)
+        async_nodes = await retriever.aretrieve(QUERY)
+    ends = [len(e.nodes) for e in events if isinstance(e, RetrievalEndEvent)]
+    assert ends == [recalled, 5, recalled, 5]  # inner retrieval, then ours: sync and async
+    assert len(sync_nodes) == len(async_nodes) == 5
+    assert [len(r.json["questions"]) for r in jev_server.requests] == [judged] * (2 if judged else 0)  # type: ignore[index]
+    assert inner.similarity_top_k == 5  # the caller's retriever is never mutated
+
+
+async def test_concurrent_queries_with_different_k_do_not_interfere(jev_server: SystemOneTestServer) -> None:
+    inner = memory_index(MANY).as_retriever(similarity_top_k=5)
+    enforce = JevRetriever(inner, selector(ScriptedJudge(lambda *a: 0.9)), ACL, candidate_limit=30, top_k=5)
+    off = JevRetriever(inner, selector(ScriptedJudge(lambda *a: 0.9), Mode.OFF), ACL, top_k=3)
+    with runtime_context(ALICE):
+        results = await asyncio.gather(*(r.aretrieve(QUERY) for r in [enforce, off] * 20))
+    assert [len(nodes) for nodes in results] == [5, 3] * 20
+    assert inner.similarity_top_k == 5
+
+
+# --- two users at once ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+async def test_two_users_concurrently_get_only_their_own_documents(jev_server: SystemOneTestServer, mode: Mode) -> None:
+    # One index shared by asyncio tasks and threads at once (Qdrant local mode cannot serve a sync
+    # and an async client from one folder; the Qdrant paths are covered by the matrix).
+    index = memory_index()
+    jev_server.set_answer(marked_answer)
+    jev_server.set_latency(0.01)
+    retriever = JevRetriever(index.as_retriever(similarity_top_k=10), selector(client(jev_server), mode), ACL, top_k=10)
+    users = {"alice": ALICE, "sam": SAM, "gina": GINA}
+
+    async def one(user: str, i: int) -> tuple[str, list[str]]:
+        with runtime_context(users[user]):
+            nodes = await retriever.aretrieve(f"{QUERY} (asked by {user} #{i})")
+        return user, names(nodes)
+
+    def threaded(user: str, i: int) -> tuple[str, list[str]]:
+        with runtime_context(users[user]):
+            return user, names(retriever.retrieve(f"{QUERY} (asked by {user} #{i})"))
+
+    tasks = [one(user, i) for i in range(25) for user in ("alice", "gina")]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(threaded, user, i) for i in range(10) for user in ("sam", "alice")]
+        results = await asyncio.gather(*tasks)
+        results += [future.result() for future in futures]
+    assert len(results) == 70
+    for user, got in results:
+        assert got, user
+        assert set(got) <= readable(users[user]), user
+    # Every request the judge received carried only text the asking user may read.
+    for recorded in jev_server.requests:
+        body = recorded.json
+        assert body is not None
+        user = body["state"].split("asked by ")[1].split(" ")[0]
+        allowed_texts = {marked(doc.p, doc.text) for doc in DOCS if doc.name in readable(users[user])}
+        sent = {question["instructions"]["candidate"] for question in body["questions"].values()}
+        assert sent <= allowed_texts, user
+    assert ("GLOBEX" in jev_server.received_text()) == (mode is not Mode.OFF)
+
+
+def test_context_follows_copied_context_into_threads() -> None:
+    retriever = JevRetriever(
+        memory_index().as_retriever(similarity_top_k=10), selector(ScriptedJudge(marked_answer)), ACL
+    )
+    with runtime_context(GINA), concurrent.futures.ThreadPoolExecutor(2) as pool:
+        result = pool.submit(contextvars.copy_context().run, retriever.retrieve, QUERY).result()
+    assert names(result) == ["globex-refund"]
+
+
+# --- pushdown -------------------------------------------------------------------------------
+
+
+def test_prefilter_fills_the_candidate_limit_when_most_of_the_collection_is_another_tenant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tuple(Doc(f"acme-{i:03d}", 0.9, f"refund conditions note {i}", "acme", public=True) for i in range(10))
+    theirs = tuple(Doc(f"other-{i:03d}", 0.9, f"refund conditions note {i}", "globex", public=True) for i in range(190))
+    index, qdrant = qdrant_index(tmp_path / "qdrant", mine + theirs)
+    judge = ScriptedJudge(lambda *a: 0.9)
+    counts = {}
+    for prefilter in (False, True):
+        retriever = JevRetriever(
+            index.as_retriever(similarity_top_k=5),
+            selector(judge),
+            ACL,
+            candidate_limit=10,
+            top_k=10,
+            prefilter=prefilter,
+        )
+        before = len(judge.requests)
+        with runtime_context(ALICE):
+            nodes = retriever.retrieve(QUERY)
+        assert set(names_of(nodes)) <= {doc.name for doc in mine}
+        judged = sum(len(r.questions) for r in judge.requests[before:])
+        counts[prefilter] = judged
+    qdrant.close()
+    with capsys.disabled():
+        print(
+            f"\n[pushdown] 5% own tenant, candidate_limit=10: post-filter only judged {counts[False]}, "
+            f"with prefilter judged {counts[True]}"
+        )
+    assert counts[True] == 10
+    assert counts[False] < 10
+
+
+def names_of(nodes: Sequence[NodeWithScore]) -> list[str]:
+    return [str(node.node.metadata["name"]) for node in nodes]
+
+
+def test_prefilter_requires_a_metadata_acl() -> None:
+    with pytest.raises(TypeError, match="MetadataAcl"):
+        JevRetriever(
+            memory_index().as_retriever(), selector(ScriptedJudge(marked_answer)), lambda c, n: True, prefilter=True
+        )
+
+
+# --- query engines, chat engines, instrumentation -----------------------------------------
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_query_engine_answer_generator_sees_only_enforced_nodes(
+    jev_server: SystemOneTestServer, use_async: bool
+) -> None:
+    llm = PromptCapturingLLM()
+    retriever = JevRetriever(memory_index().as_retriever(similarity_top_k=10), selector(client(jev_server)), ACL)
+    engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+    with runtime_context(ALICE):
+        response = await engine.aquery(QUERY) if use_async else engine.query(QUERY)
+    assert names(response.source_nodes) == ["acme-refund", "acme-alice-note"]
+    prompt = "\n".join(llm.prompts)
+    assert "Refund policy: refunds for unused items" in prompt
+    assert "ALICE-ONLY" in prompt
+    for hidden in ("PRIVATE-COMPENSATION", "GLOBEX", "Shipping policy", "Office hours", PROBABILITY_KEY):
+        assert hidden not in prompt
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_postprocessor_in_as_query_engine(jev_server: SystemOneTestServer, use_async: bool) -> None:
+    llm = PromptCapturingLLM()
+    records: list[DecisionRecord] = []
+    post = JevNodePostprocessor(selector(client(jev_server), records=records), ACL, top_n=1)
+    engine = memory_index().as_query_engine(similarity_top_k=10, node_postprocessors=[post], llm=llm)
+    with runtime_context(SAM):
+        response = await engine.aquery(QUERY) if use_async else engine.query(QUERY)
+    assert names(response.source_nodes) == ["acme-refund"]
+    assert "PRIVATE-COMPENSATION" not in "\n".join(llm.prompts)
+    assert len(records) == 1
+    assert BY_ID[records[0].selected[1]].name == "acme-compensation"
+
+
+def test_postprocessor_with_explicit_ctx_and_class_name() -> None:
+    post = JevNodePostprocessor(selector(ScriptedJudge(marked_answer)), ACL)
+    nodes = [NodeWithScore(node=doc.node(), score=1.0) for doc in DOCS]
+    assert names(post.postprocess_nodes(nodes, query_str=QUERY, ctx=GINA)) == ["globex-refund"]
+    assert JevNodePostprocessor.class_name() == "JevNodePostprocessor"
+    with pytest.raises(MissingRuntimeContextError):
+        post.postprocess_nodes(nodes, query_str=QUERY)
+
+
+def test_postprocessor_judge_failure_is_unavailable_not_empty(jev_server: SystemOneTestServer) -> None:
+    jev_server.inject_always(Fault.status(503))
+    post = JevNodePostprocessor(selector(client(jev_server)), ACL)
+    nodes = [NodeWithScore(node=doc.node(), score=1.0) for doc in DOCS]
+    with pytest.raises(RetrievalUnavailableError):
+        post.postprocess_nodes(nodes, query_str=QUERY, ctx=ALICE)
+
+
+async def test_chat_engine_context_holds_only_enforced_nodes(jev_server: SystemOneTestServer) -> None:
+    llm = PromptCapturingLLM()
+    retriever = JevRetriever(memory_index().as_retriever(similarity_top_k=10), selector(client(jev_server)), ACL)
+    engine = CondensePlusContextChatEngine.from_defaults(retriever=retriever, llm=llm)
+    with runtime_context(ALICE):
+        response = await engine.achat(QUERY)
+        engine.chat("And for opened items?")
+    assert names(response.source_nodes) == ["acme-refund", "acme-alice-note"]
+    assert all("PRIVATE-COMPENSATION" not in p and "GLOBEX" not in p for p in llm.prompts)
+
+
+def test_decision_record_is_an_instrumentation_event(jev_server: SystemOneTestServer, events: list[BaseEvent]) -> None:
+    retriever = JevRetriever(memory_index().as_retriever(similarity_top_k=10), selector(client(jev_server)), ACL)
+    with runtime_context(ALICE):
+        retriever.retrieve(QUERY)
+    decisions = [event for event in events if isinstance(event, JevDecisionEvent)]
+    assert len(decisions) == 1
+    assert [BY_ID[i].name for i in decisions[0].record.selected] == ["acme-refund", "acme-alice-note"]
+    assert JevRetriever.class_name() == "JevRetriever"
+
+
+# --- the agent tool -------------------------------------------------------------------------
+
+
+def scripted_agent_llm(tool_kwargs: dict[str, Any]) -> MockFunctionCallingLLM:
+    """A function-calling LLM that calls search_knowledge once, then answers with what it got."""
+
+    def respond(messages: Sequence[ChatMessage], **kwargs: Any) -> ChatMessage:
+        tool_results = [m for m in messages if m.role == MessageRole.TOOL]
+        if not tool_results:
+            call = ToolCallBlock(tool_call_id="call-1", tool_name="search_knowledge", tool_kwargs=tool_kwargs)
+            return ChatMessage(role=MessageRole.ASSISTANT, blocks=[call])
+        return ChatMessage(role=MessageRole.ASSISTANT, content=f"ANSWER FROM: {tool_results[-1].content}")
+
+    return MockFunctionCallingLLM(response_generator=respond, is_chat_model=True)
+
+
+def knowledge_tool(server: SystemOneTestServer) -> Any:
+    retriever = JevRetriever(memory_index().as_retriever(similarity_top_k=10), selector(client(server)), ACL)
+    return JevKnowledgeTool(retriever, top_k=5).as_tool()
+
+
+def test_tool_exposes_only_the_query_parameter(jev_server: SystemOneTestServer) -> None:
+    tool = knowledge_tool(jev_server)
+    assert tool.metadata.name == "search_knowledge"
+    assert json.loads(tool.metadata.fn_schema_str)["properties"].keys() == {"query"}
+    assert "no supporting evidence" in tool.metadata.description
+
+
+async def test_agent_calls_search_knowledge_for_the_bound_user(jev_server: SystemOneTestServer) -> None:
+    agent = FunctionAgent(tools=[knowledge_tool(jev_server)], llm=scripted_agent_llm({"query": QUERY}))
+    with runtime_context(ALICE):
+        answer = str(await agent.run(QUERY))
+    assert "Refund policy: refunds for unused items" in answer
+    assert "ALICE-ONLY" in answer
+    assert "PRIVATE-COMPENSATION" not in answer
+    assert "GLOBEX" not in answer
+
+
+async def test_agent_tool_arguments_cannot_change_the_identity(jev_server: SystemOneTestServer) -> None:
+    attempt = {"query": QUERY, "user_id": "sam", "roles": ["support"], "tenant_id": "globex"}
+    agent = FunctionAgent(tools=[knowledge_tool(jev_server)], llm=scripted_agent_llm(attempt))
+    with runtime_context(ALICE):
+        answer = str(await agent.run(QUERY))
+    assert "PRIVATE-COMPENSATION" not in answer
+    assert "GLOBEX" not in answer
+    assert "PRIVATE-COMPENSATION" not in jev_server.received_text()
+
+
+async def test_agent_sees_a_judge_failure_as_a_tool_error(jev_server: SystemOneTestServer) -> None:
+    jev_server.inject_always(Fault.status(500))
+    agent = FunctionAgent(tools=[knowledge_tool(jev_server)], llm=scripted_agent_llm({"query": QUERY}))
+    handler_events = []
+    with runtime_context(ALICE):
+        handler = agent.run(QUERY)
+        async for event in handler.stream_events():
+            handler_events.append(event)
+        answer = str(await handler)
+    results = [e for e in handler_events if type(e).__name__ == "ToolCallResult"]
+    assert len(results) == 1
+    assert results[0].tool_output.is_error
+    assert "relevance judge failed" in answer
+    assert "[]" not in answer
+
+
+def test_tool_without_bound_identity_fails(jev_server: SystemOneTestServer) -> None:
+    tool = knowledge_tool(jev_server)
+    with pytest.raises(MissingRuntimeContextError):
+        tool.call(query=QUERY)
+    assert jev_server.request_count == 0
+
+
+async def test_tool_async_returns_id_and_text(jev_server: SystemOneTestServer) -> None:
+    tool = knowledge_tool(jev_server)
+    with runtime_context(GINA):
+        output = await tool.acall(query=QUERY)
+    assert output.raw_output == [{"id": BY_ID_NAME["globex-refund"], "text": marked(0.95, DOCS[5].text)}]
+
+
+BY_ID_NAME = {doc.name: doc.id for doc in DOCS}

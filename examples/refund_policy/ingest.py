@@ -38,7 +38,9 @@ def build_collection(client: QdrantClient, embed_model: BaseEmbedding, *, collec
     name = collection or store.collection_name(embed_model)
     if client.collection_exists(name):
         client.delete_collection(name)
-    vector_store = QdrantVectorStore(collection_name=name, client=client)
+    # No doc_id payload index: nothing here deletes by document, and local mode has no payload
+    # indexes (it would only warn).
+    vector_store = QdrantVectorStore(collection_name=name, client=client, index_doc_id=False)
     VectorStoreIndex(
         nodes=kb.nodes(),
         storage_context=StorageContext.from_defaults(vector_store=vector_store),

@@ -127,7 +127,7 @@ DOCUMENTS: tuple[Document, ...] = (
         tenant="globex",
         title="Refund policy",
         text=(
-            "Globex refund policy: refunds are accepted for any item returned within thirty days of purchase, "
+            "Globex refund conditions: refunds are given for items returned within thirty days of purchase, "
             "used or unused, with the original receipt."
         ),
         public=True,
@@ -172,6 +172,15 @@ USER_BY_NAME: dict[str, User] = {user.name: user for user in USERS}
 def nodes() -> list[TextNode]:
     """Every document as a node, in a fixed order."""
     return [document.to_node() for document in DOCUMENTS]
+
+
+def access_line(document: Document) -> str:
+    """Who may read ``document``, in words."""
+    if document.public:
+        return f"everyone in {document.tenant}"
+    grants = [f"user {', '.join(document.users)}"] if document.users else []
+    grants += [f"role {', '.join(document.roles)}"] if document.roles else []
+    return f"{document.tenant}: {' or '.join(grants)} only"
 
 
 def readable_by(user: User) -> frozenset[str]:

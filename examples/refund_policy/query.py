@@ -196,8 +196,9 @@ def render(outcome: Outcome) -> str:
         for verdict, ids in verdicts:
             for node_id in ids:
                 lines.append(f"    {verdict:<9} p={record.scores[node_id]:.2f}  {kb.BY_ID[node_id].key}")
-        lines.append("    as JSON (ids and probabilities only, never text):")
-        lines.append(_wrap(record.to_json(), "      "))
+        # One line, as a JSONL calibration log stores it: ids and probabilities, never any text.
+        lines.append("    as JSON:")
+        lines.append(f"      {record.to_json()}")
     if not outcome.records:
         lines.append("  No decision record (no judgement in this mode).")
     lines.append(timing)
@@ -221,7 +222,18 @@ def render_header(store_line: str, embedding: Choice, judge: Choice, question: s
     lines.append("ACL          : MetadataAcl over tenant / users / roles / public; it runs before the judge, so")
     lines.append("               text a user may not read is never sent to the judge")
     lines.append(f"Question     : {question}")
+    lines.append("")
+    lines.append(f"Knowledge base ({len(kb.DOCUMENTS)} documents, two tenants):")
+    for document in kb.DOCUMENTS:
+        lines.append(f"  [{document.key}] {document.title}: {kb.access_line(document)}")
     return "\n".join(lines)
+
+
+FOOTER = """\
+Next steps:
+  - Set TYPESAFE_API_KEY to judge with TypeSafe's Jev (TYPESAFE_BASE_URL for another System One server).
+  - Set QDRANT_URL (and QDRANT_API_KEY if needed) to use a Qdrant server, e.g. docker/docker-compose.yml.
+  - Wrap your own retriever the same way: JevRetriever(retriever, CandidateSelector(judge, options), acl)."""
 
 
 # --- the command ------------------------------------------------------------------------
@@ -284,6 +296,7 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
             print(f"\n{user_heading(user)}")
             for mode in (Mode.SHADOW, Mode.ENFORCE):
                 print(render(ask(index, judge.component, user, mode, args.question)))
+    print(f"\n{FOOTER}")
     return 0
 
 

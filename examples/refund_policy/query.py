@@ -23,7 +23,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
 from llama_index.vector_stores.qdrant import QdrantVectorStore
-from qdrant_client import QdrantClient
+from qdrant_client import AsyncQdrantClient, QdrantClient
 
 from examples.refund_policy import kb, store
 from examples.refund_policy.models import Choice, choose_embedding, choose_judge
@@ -67,6 +67,17 @@ def open_index(client: QdrantClient, embed_model: BaseEmbedding, *, collection: 
             "(or `python -m examples.refund_policy`, which ingests when needed)"
         )
     vector_store = QdrantVectorStore(collection_name=name, client=client)
+    return VectorStoreIndex.from_vector_store(vector_store, embed_model=embed_model)
+
+
+async def aopen_index(
+    client: AsyncQdrantClient, embed_model: BaseEmbedding, *, collection: str | None = None
+) -> VectorStoreIndex:
+    """:func:`open_index` over an async client, for ``aretrieve`` (what agents call)."""
+    name = collection or store.collection_name(embed_model)
+    if not await client.collection_exists(name):
+        raise CollectionMissingError(f"collection {name!r} does not exist: run `python -m examples.refund_policy` first")
+    vector_store = QdrantVectorStore(collection_name=name, aclient=client)
     return VectorStoreIndex.from_vector_store(vector_store, embed_model=embed_model)
 
 

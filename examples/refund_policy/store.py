@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from qdrant_client import QdrantClient
+from qdrant_client import AsyncQdrantClient, QdrantClient
 
 DEFAULT_STORAGE = Path(__file__).resolve().parent / "storage"
 COLLECTION_PREFIX = "refund_policy"
@@ -50,6 +50,20 @@ def connect(path: str | os.PathLike[str] | None = None) -> Iterator[QdrantClient
         yield client
     finally:
         client.close()
+
+
+@asynccontextmanager
+async def connect_async(path: str | os.PathLike[str] | None = None) -> AsyncIterator[AsyncQdrantClient]:
+    """The async twin of :func:`connect`, for async retrieval (agents, ``aretrieve``).
+
+    ``QdrantVectorStore`` runs ``aquery`` only on an ``AsyncQdrantClient``. In local mode the
+    async client takes the folder's lock just like a sync one, so never hold both at once.
+    """
+    client = AsyncQdrantClient(**client_options(path))
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 def collection_name(embed_model: BaseEmbedding) -> str:

@@ -25,7 +25,10 @@ from llama_jev.wire import (
     check_result,
 )
 
-__all__ = ["AnswerFunction", "Judge", "ScriptedJudge", "ScriptedValue", "answer_request"]
+__all__ = ["RELEVANCE_QUESTION", "AnswerFunction", "Judge", "ScriptedJudge", "ScriptedValue", "answer_request"]
+
+RELEVANCE_QUESTION = "Does this passage provide evidence relevant to the query?"
+"""The yes/no question asked about every candidate; the query is the request's state."""
 
 
 @runtime_checkable

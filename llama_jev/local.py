@@ -38,7 +38,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from numpy.typing import NDArray
 
 from llama_jev.errors import JevBadRequestError, JevTimeoutError
-from llama_jev.selector import RELEVANCE_QUESTION
+from llama_jev.judge import RELEVANCE_QUESTION
 from llama_jev.wire import Answer, NoulAnswer, NoulQuestion, SystemOneRequest, SystemOneResult, Usage, check_result
 
 __all__ = [

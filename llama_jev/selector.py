@@ -28,7 +28,7 @@ from llama_jev.execution import (
     Selection,
     Status,
 )
-from llama_jev.judge import Judge
+from llama_jev.judge import RELEVANCE_QUESTION, Judge
 from llama_jev.wire import Instructions, NoulQuestion, Question, SystemOneRequest, SystemOneResult
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 MAX_CANDIDATES = 1024
-RELEVANCE_QUESTION = "Does this passage provide evidence relevant to the query?"
 # Fixed cost of one question in the request (id, type, the instruction keys).
 _QUESTION_OVERHEAD_TOKENS = 16
 

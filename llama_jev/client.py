@@ -270,14 +270,10 @@ class JevClient:
             JevAPIError: a subclass saying what failed (see :mod:`llama_jev.errors`).
         """
         steps = self._exchange(request, timeout)
-        outcome: _Outcome = None
-        while True:
-            try:
-                step = steps.send(outcome)
-            except StopIteration as finished:
-                result: SystemOneResult = finished.value
-                return result
-            outcome = self._perform(step)
+        step = _advance(steps, None)
+        while not isinstance(step, SystemOneResult):
+            step = _advance(steps, self._perform(step))
+        return step
 
     def _perform(self, step: _Step) -> _Outcome:
         if isinstance(step, _Sleep):
@@ -307,14 +303,10 @@ class JevClient:
     async def asystem_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
         """The async twin of :meth:`system_one`: same rules, never blocks the event loop."""
         steps = self._exchange(request, timeout)
-        outcome: _Outcome = None
-        while True:
-            try:
-                step = steps.send(outcome)
-            except StopIteration as finished:
-                result: SystemOneResult = finished.value
-                return result
-            outcome = await self._aperform(step)
+        step = _advance(steps, None)
+        while not isinstance(step, SystemOneResult):
+            step = _advance(steps, await self._aperform(step))
+        return step
 
     async def _aperform(self, step: _Step) -> _Outcome:
         if isinstance(step, _Sleep):
@@ -350,6 +342,15 @@ class JevClient:
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+def _advance(steps: Generator[_Step, _Outcome, SystemOneResult], outcome: _Outcome) -> _Step | SystemOneResult:
+    """Resume the exchange with the outcome of its last step: its next step, or its result."""
+    try:
+        return steps.send(outcome)
+    except StopIteration as finished:
+        result: SystemOneResult = finished.value
+        return result
 
 
 def normalize_base_url(base_url: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, ValidationInfo, field_validator
@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializ
 from llama_jev.errors import MissingRuntimeContextError
 
 __all__ = [
+    "bind_if_given",
     "FrozenAttributes",
     "RuntimeContext",
     "current_runtime_context",
@@ -191,6 +192,11 @@ def runtime_context(ctx: RuntimeContext) -> AbstractContextManager[RuntimeContex
     if not isinstance(ctx, RuntimeContext):
         raise TypeError(f"runtime_context() takes a RuntimeContext, not {type(ctx).__name__}")
     return _bind(ctx)
+
+
+def bind_if_given(ctx: RuntimeContext | None) -> AbstractContextManager[RuntimeContext | None]:
+    """``runtime_context(ctx)`` for an explicit ``ctx=``; with ``None``, the current binding stays."""
+    return nullcontext() if ctx is None else runtime_context(ctx)
 
 
 def current_runtime_context() -> RuntimeContext:

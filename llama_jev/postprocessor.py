@@ -9,7 +9,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llama_jev.acl import Acl
-from llama_jev.context import RuntimeContext, resolve_runtime_context, runtime_context
+from llama_jev.context import RuntimeContext, bind_if_given, resolve_runtime_context
 from llama_jev.pipeline import JudgedRetrieval
 from llama_jev.selector import RELEVANCE_QUESTION, CandidateSelector
 
@@ -67,9 +67,7 @@ class JevNodePostprocessor(BaseNodePostprocessor):
         ctx: RuntimeContext | None = None,
     ) -> list[NodeWithScore]:
         """Filter ``nodes`` for the bound identity, or for ``ctx`` when given."""
-        if ctx is None:
-            return super().postprocess_nodes(nodes, query_bundle, query_str)
-        with runtime_context(ctx):
+        with bind_if_given(ctx):
             return super().postprocess_nodes(nodes, query_bundle, query_str)
 
     async def apostprocess_nodes(
@@ -80,9 +78,7 @@ class JevNodePostprocessor(BaseNodePostprocessor):
         ctx: RuntimeContext | None = None,
     ) -> list[NodeWithScore]:
         """Async :meth:`postprocess_nodes`."""
-        if ctx is None:
-            return await super().apostprocess_nodes(nodes, query_bundle, query_str)
-        with runtime_context(ctx):
+        with bind_if_given(ctx):
             return await super().apostprocess_nodes(nodes, query_bundle, query_str)
 
     def _postprocess_nodes(

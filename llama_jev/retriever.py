@@ -13,7 +13,7 @@ from llama_index.core.vector_stores.types import FilterCondition, MetadataFilter
 from llama_index_instrumentation import get_dispatcher
 
 from llama_jev.acl import Acl, MetadataAcl
-from llama_jev.context import RuntimeContext, resolve_runtime_context, runtime_context
+from llama_jev.context import RuntimeContext, bind_if_given, resolve_runtime_context
 from llama_jev.execution import Mode
 from llama_jev.pipeline import JudgedRetrieval
 from llama_jev.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
@@ -133,16 +133,12 @@ class JevRetriever(BaseRetriever):
 
     def retrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Retrieve for the bound identity, or for ``ctx`` when given."""
-        if ctx is None:
-            return super().retrieve(str_or_query_bundle)
-        with runtime_context(ctx):
+        with bind_if_given(ctx):
             return super().retrieve(str_or_query_bundle)
 
     async def aretrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Async :meth:`retrieve`."""
-        if ctx is None:
-            return await super().aretrieve(str_or_query_bundle)
-        with runtime_context(ctx):
+        with bind_if_given(ctx):
             return await super().aretrieve(str_or_query_bundle)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:

@@ -276,6 +276,18 @@ class CandidateSelector:
         record = self._record(plan, budget, Status.SKIPPED, Reason.NO_CANDIDATES, selection)
         return Decision(status=Status.SKIPPED, reason=Reason.NO_CANDIDATES, selection=selection, record=record)
 
+    def _start(
+        self, state: Instructions, question: str, candidates: Sequence[Candidate], ctx: RuntimeContext | None
+    ) -> Decision | tuple[_Plan, Budget]:
+        """A finished decision when nothing is to be asked (mode OFF, no candidate), else the plan."""
+        if self.options.mode is Mode.OFF:
+            return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
+        budget = Budget(self.options.budget)
+        plan = self._plan(state, question, candidates)
+        if not plan.requests:
+            return self._observe(ctx, self._skipped(plan, budget))
+        return plan, budget
+
     def _observe(self, ctx: RuntimeContext | None, decision: Decision) -> Decision:
         observer = self.options.observer
         if observer is not None and decision.record is not None:
@@ -298,12 +310,10 @@ class CandidateSelector:
         candidates, a candidate too large for one request). In mode ``OFF`` nothing is asked and
         nothing recorded.
         """
-        if self.options.mode is Mode.OFF:
-            return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
-        budget = Budget(self.options.budget)
-        plan = self._plan(state, question, candidates)
-        if not plan.requests:
-            return self._observe(ctx, self._skipped(plan, budget))
+        started = self._start(state, question, candidates, ctx)
+        if isinstance(started, Decision):
+            return started
+        plan, budget = started
         try:
             results = self._gather(plan, budget)
         except Exception as error:
@@ -356,12 +366,10 @@ class CandidateSelector:
         self, state: Instructions, question: str, candidates: Sequence[Candidate], ctx: RuntimeContext | None = None
     ) -> Decision:
         """The async twin of :meth:`select`. A cancellation is recorded as ``CANCELLED`` and re-raised."""
-        if self.options.mode is Mode.OFF:
-            return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
-        budget = Budget(self.options.budget)
-        plan = self._plan(state, question, candidates)
-        if not plan.requests:
-            return self._observe(ctx, self._skipped(plan, budget))
+        started = self._start(state, question, candidates, ctx)
+        if isinstance(started, Decision):
+            return started
+        plan, budget = started
         try:
             results = await self._agather(plan, budget)
         except asyncio.CancelledError:

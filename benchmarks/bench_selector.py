@@ -85,7 +85,6 @@ def main() -> None:
                 f"{size:>10} {requests:>8} {requests:>10.2f} {sync * 1000:>9.0f} {sync / round_trip:>9.2f} "
                 f"{asynchronous[size] * 1000:>9.0f} {asynchronous[size] / round_trip:>9.2f}"
             )
-        selector.close()
         client.close()
 
 

@@ -68,7 +68,8 @@ def _answer_from(tool_output: str) -> str:
 def _scripted_turn(messages: Sequence[ChatMessage], **kwargs: Any) -> ChatMessage:
     question, tool_results = _latest_turn(messages)
     if not tool_results:
-        call = ToolCallBlock(tool_call_id=f"call-{uuid.uuid4().hex[:8]}", tool_name=TOOL_NAME, tool_kwargs={"query": question})
+        call_id = f"call-{uuid.uuid4().hex[:8]}"
+        call = ToolCallBlock(tool_call_id=call_id, tool_name=TOOL_NAME, tool_kwargs={"query": question})
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=[call])
     return ChatMessage(role=MessageRole.ASSISTANT, content=_answer_from(tool_results[-1].content or ""))
 
@@ -147,8 +148,8 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
 
     # Agents call tools asynchronously, so the store needs the async Qdrant client; one event loop
     # for every run, since a server client's connections belong to the loop that opened them.
-    async with store.connect_async(storage) as client:
-        index = await aopen_index(client, embedding.component)
+    async with store.connect_async(storage) as async_client:
+        index = await aopen_index(async_client, embedding.component)
         retriever = open_retriever(index, Mode.ENFORCE, judge.component, observer=observe)
         for user in users:
             seen.clear()
@@ -159,8 +160,10 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
                 keys = [kb.BY_ID[node_id].key for node_id in call.passage_ids]
                 print(f"Tool call : {call.name}({call.arguments}) -> {'ERROR' if call.is_error else keys}")
             for user_id, record in seen:
-                print(f"Retrieval ran as: {user_id} (the bound RuntimeContext; the model passed no identity), "
-                      f"judge status {record.status.value}")
+                print(
+                    f"Retrieval ran as: {user_id} (the bound RuntimeContext; the model passed no identity), "
+                    f"judge status {record.status.value}"
+                )
             print(f"Agent answer:\n{run.answer}")
     close = getattr(judge.component, "aclose", None)
     if callable(close):
@@ -170,11 +173,12 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
 def main(argv: list[str] | None = None) -> int:
     """Ask the question as each user through the agent and print what happened."""
     parser = argparse.ArgumentParser(prog="python -m examples.agent_search_knowledge", description=__doc__)
-    parser.add_argument("--storage", help=f"local-mode folder (default {store.DEFAULT_STORAGE}); ignored with QDRANT_URL")
+    parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument("--question", default=kb.QUESTION)
     parser.add_argument("--user", action="append", choices=[user.name for user in kb.USERS])
     args = parser.parse_args(argv)
-    users = [kb.USER_BY_NAME[name] for name in args.user] if args.user else [kb.USER_BY_NAME["alice"], kb.USER_BY_NAME["sam"]]
+    names = args.user or ["alice", "sam"]
+    users = [kb.USER_BY_NAME[name] for name in names]
     asyncio.run(_run_all(args.storage, users, args.question))
     return 0
 

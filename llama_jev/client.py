@@ -14,7 +14,9 @@ import logging
 import math
 import os
 import random
+import threading
 import time
+import weakref
 from collections.abc import Generator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -86,9 +88,8 @@ class RetryPolicy:
         """Seconds to wait before retry ``retry_number`` (1-based) after ``error``; ``None``: don't."""
         if not error.retryable or retry_number > self.max_retries:
             return None
-        retry_after = error.retry_after if isinstance(error, JevRateLimitError) else None
-        if retry_after is not None:
-            return float(retry_after) if retry_after <= self.max_retry_after else None
+        if error.retry_after is not None:
+            return float(error.retry_after) if error.retry_after <= self.max_retry_after else None
         exponential: float = min(self.max_backoff, self.initial_backoff * 2 ** (retry_number - 1))
         return exponential * (0.5 + 0.5 * rng.random())
 
@@ -159,9 +160,11 @@ class JevClient:
         self._transport = transport
         self._async_transport = async_transport
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
+        self._lock = threading.Lock()
         self._sync: httpx.Client | None = None
-        self._async: httpx.AsyncClient | None = None
-        self._async_loop: asyncio.AbstractEventLoop | None = None
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __repr__(self) -> str:
         return f"JevClient(base_url={self.base_url!r}, model={self.model!r}, api_key={_REDACTED!r})"
@@ -187,6 +190,10 @@ class JevClient:
             if left <= 0:
                 raise JevTimeoutError("the time budget ran out before the next attempt", retryable=True)
             outcome = yield _Send(body, min(self.timeout, left))
+            if deadline is not None and time.monotonic() > deadline:
+                # httpx times each phase, not the whole attempt: a server trickling its answer
+                # could otherwise outlast the budget.
+                raise JevTimeoutError("the time budget ran out while waiting for the answer", retryable=True)
             try:
                 return self._result(outcome, request)
             except JevAPIError as error:
@@ -239,14 +246,15 @@ class JevClient:
             return JevBadRequestError(text, status_code=status)
         if status == 404:
             return JevNotFoundError(f"{text} (is {self.endpoint} the right endpoint?)", status_code=status)
+        wait = _retry_after(response.headers)
         if status == 408:
-            return JevTimeoutError(text, status_code=status, retryable=True)
+            return JevTimeoutError(text, status_code=status, retryable=True, retry_after=wait)
         if status == 429:
-            return JevRateLimitError(text, status_code=status, retry_after=_retry_after(response.headers))
+            return JevRateLimitError(text, status_code=status, retryable=True, retry_after=wait)
         if status == 529:
-            return JevOverloadedError(text, status_code=status, retry_after=_retry_after(response.headers))
+            return JevOverloadedError(text, status_code=status, retryable=True, retry_after=wait)
         if status >= 500:
-            return JevServerError(text, status_code=status, retryable=True)
+            return JevServerError(text, status_code=status, retryable=True, retry_after=wait)
         return JevAPIError(text, status_code=status)
 
     def _redact(self, text: str) -> str:
@@ -279,18 +287,24 @@ class JevClient:
         if isinstance(step, _Sleep):
             time.sleep(step.seconds)
             return None
-        if self._sync is None:
-            self._sync = httpx.Client(headers=self._headers(), transport=self._transport)
         try:
-            return self._sync.post(self.endpoint, content=step.body, timeout=step.timeout)
+            return self._sync_client().post(self.endpoint, content=step.body, timeout=step.timeout)
         except httpx.HTTPError as error:
             return _transport_error(error)
 
+    def _sync_client(self) -> httpx.Client:
+        # The selector calls from several threads at once: one pool, created once.
+        with self._lock:
+            if self._sync is None:
+                self._sync = httpx.Client(headers=self._headers(), transport=self._transport)
+            return self._sync
+
     def close(self) -> None:
-        """Close the sync connection pool (the async one is closed by :meth:`aclose`)."""
-        if self._sync is not None:
-            self._sync.close()
-            self._sync = None
+        """Close the sync connection pool (the async ones are closed by :meth:`aclose`)."""
+        with self._lock:
+            client, self._sync = self._sync, None
+        if client is not None:
+            client.close()
 
     def __enter__(self) -> JevClient:
         return self
@@ -319,20 +333,22 @@ class JevClient:
             return _transport_error(error)
 
     def _async_client(self) -> httpx.AsyncClient:
-        # An AsyncClient's pool belongs to the loop that opened it; a second asyncio.run() in the
-        # same process gets a fresh pool instead of a "loop is closed" error.
+        # An AsyncClient's pool belongs to the event loop that opened it: one per loop, so a
+        # second asyncio.run() or a loop in another thread gets its own instead of a broken one.
         loop = asyncio.get_running_loop()
-        if self._async is None or self._async_loop is not loop:
-            self._async = httpx.AsyncClient(headers=self._headers(), transport=self._async_transport)
-            self._async_loop = loop
-        return self._async
+        with self._lock:
+            client = self._async.get(loop)
+            if client is None:
+                client = httpx.AsyncClient(headers=self._headers(), transport=self._async_transport)
+                self._async[loop] = client
+            return client
 
     async def aclose(self) -> None:
-        """Close both connection pools."""
-        if self._async is not None and self._async_loop is asyncio.get_running_loop():
-            await self._async.aclose()
-        self._async = None
-        self._async_loop = None
+        """Close this event loop's connection pool and the sync one."""
+        with self._lock:
+            client = self._async.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
         self.close()
 
     async def __aenter__(self) -> JevClient:
@@ -384,12 +400,14 @@ def _transport_error(error: httpx.HTTPError) -> JevAPIError:
 
 def _server_message(response: httpx.Response) -> str:
     """The human part of an error body: ``error``, ``message`` or ``detail`` (FastAPI's list too)."""
+    # Only the structured message fields: a raw body (an HTML error page, a proxy echoing the
+    # request) could carry candidate text into exceptions, and from there to an LLM.
     try:
         body: Any = response.json()
     except ValueError:
-        return _clip(response.text.strip())
+        return f"a non-JSON body of {len(response.content)} bytes"
     if not isinstance(body, dict):
-        return _clip(str(body))
+        return "a JSON body without an error message"
     for key in ("error", "message", "detail"):
         value = body.get(key)
         if isinstance(value, dict) and isinstance(value.get("message"), str):

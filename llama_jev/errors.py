@@ -38,14 +38,23 @@ class JevAPIError(JevError):
         status_code: the HTTP status of the response, or ``None`` when no response arrived
             (connection failure, per-attempt timeout) or the response was unusable.
         retryable: whether the same request may succeed if sent again.
+        retry_after: seconds the server asked to wait before a retry (``Retry-After``), if any.
         message: the server's message (``message``, ``error`` or ``detail`` of the body) or a
             description of what went wrong, with any credential removed.
     """
 
-    def __init__(self, message: str, *, status_code: int | None = None, retryable: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
         self.message = message
         self.status_code = status_code
         self.retryable = retryable
+        self.retry_after = retry_after
         super().__init__(message)
 
     def __str__(self) -> str:
@@ -76,20 +85,9 @@ class JevNotFoundError(JevAPIError):
 class JevRateLimitError(JevAPIError):
     """429: rate limited. Retried after ``retry_after`` seconds when the server says so."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        status_code: int | None = 429,
-        retryable: bool = True,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, status_code=status_code, retryable=retryable)
-        self.retry_after = retry_after
 
-
-class JevOverloadedError(JevRateLimitError):
-    """529: the service is overloaded. Retried with backoff."""
+class JevOverloadedError(JevAPIError):
+    """529: the service is overloaded. Retried with backoff (or after ``retry_after``)."""
 
 
 class JevServerError(JevAPIError):

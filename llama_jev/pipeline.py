@@ -16,7 +16,7 @@ from llama_index_instrumentation import get_dispatcher
 from llama_jev.acl import Acl, check_acl
 from llama_jev.context import RuntimeContext
 from llama_jev.errors import RetrievalInconclusiveError, RetrievalUnavailableError
-from llama_jev.execution import Decision, DecisionRecord, Mode, Status
+from llama_jev.execution import Decision, DecisionRecord, Mode, Reason, Status
 from llama_jev.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
 
 __all__ = ["PROBABILITY_KEY", "JevDecisionEvent", "JudgedRetrieval", "authorize", "to_candidates", "with_probability"]
@@ -109,11 +109,9 @@ class JudgedRetrieval:
         if self.mode is Mode.SHADOW:
             return _limit(authorized, limit)
         if decision.status is Status.ERROR:
-            raise RetrievalUnavailableError(
-                f"the relevance judge failed ({decision.reason.value}); this is not an empty result: "
-                "the knowledge base was not searched to a conclusion, retry later",
-                reason=decision.reason.value,
-            ) from decision.error
+            raise RetrievalUnavailableError(_unavailable_message(decision.reason), reason=decision.reason.value) from (
+                decision.error
+            )
         selection = decision.selection
         if selection is None:  # SKIPPED with no candidates carries an empty selection
             return []
@@ -125,6 +123,18 @@ class JudgedRetrieval:
         by_id = {node.node.node_id: node for node in authorized}
         chosen = [with_probability(by_id[node_id], selection.scores[node_id]) for node_id in selection.selected]
         return _limit(chosen, limit)
+
+
+def _unavailable_message(reason: Reason) -> str:
+    if reason is Reason.CANDIDATE_TOO_LARGE:
+        return (
+            "a candidate is too large to judge in one request (CANDIDATE_TOO_LARGE); this is not an "
+            "empty result: split the documents into smaller nodes"
+        )
+    return (
+        f"the relevance judge failed ({reason.value}); this is not an empty result: the knowledge "
+        "base was not searched to a conclusion, retry later"
+    )
 
 
 def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:

@@ -9,10 +9,11 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
+from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.types import FilterCondition, MetadataFilters
 from llama_index_instrumentation import get_dispatcher
 
-from llama_jev.acl import Acl, MetadataAcl
+from llama_jev.acl import Acl, FilterStore, MetadataAcl
 from llama_jev.context import RuntimeContext, bind_if_given, resolve_runtime_context
 from llama_jev.execution import Mode
 from llama_jev.pipeline import JudgedRetrieval
@@ -41,7 +42,8 @@ class JevRetriever(BaseRetriever):
         prefilter: also push the ACL down into the vector store as metadata filters, so nodes
             the caller may not read do not crowd authorized ones out of the candidates. Needs a
             :class:`MetadataAcl` and a retriever with ``filters`` (``VectorIndexRetriever``). The
-            post-filter stays on. Defaults to ``False``; :meth:`from_index` turns it on.
+            post-filter stays on. Supported for Qdrant and the in-memory store. Defaults to ``False``;
+            :meth:`from_index` turns it on for Qdrant.
 
     Recall expansion: a retriever with a ``similarity_top_k`` (VectorIndexRetriever, Qdrant,
     BM25, ...) is asked, per query and on a private shallow copy, for ``max(candidate_limit,
@@ -77,10 +79,7 @@ class JevRetriever(BaseRetriever):
         top_k = own_top_k if top_k is None else top_k
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-        if prefilter and not isinstance(acl, MetadataAcl):
-            raise TypeError("prefilter needs a MetadataAcl: only a declarative ACL can become store filters")
-        if prefilter and not hasattr(retriever, "_filters"):
-            raise TypeError(f"prefilter needs a retriever with metadata filters; {type(retriever).__name__} has none")
+        self._dialect = _check_prefilter(retriever, acl) if prefilter else None
         self._judged = JudgedRetrieval(selector, acl, question=question)
         self.retriever = retriever
         self.candidate_limit = candidate_limit
@@ -106,8 +105,10 @@ class JevRetriever(BaseRetriever):
         post-filters again), off otherwise.
         """
         inner = index.as_retriever(similarity_top_k=top_k, **retriever_kwargs)
-        use_prefilter = isinstance(acl, MetadataAcl) if prefilter is None else prefilter
-        return cls(inner, selector, acl, candidate_limit=candidate_limit, top_k=top_k, prefilter=use_prefilter)
+        if prefilter is None:
+            # On by default where the store is known to apply the ACL's filters exactly.
+            prefilter = isinstance(acl, MetadataAcl) and _store_dialect(inner) == "qdrant"
+        return cls(inner, selector, acl, candidate_limit=candidate_limit, top_k=top_k, prefilter=prefilter)
 
     @classmethod
     def class_name(cls) -> str:
@@ -163,10 +164,45 @@ class JevRetriever(BaseRetriever):
         upstream = copy.copy(self.retriever)
         if change_k:
             setattr(upstream, _TOP_K_ATTRIBUTE, k)
-        if self.prefilter and isinstance(self.acl, MetadataAcl):
+        if self._dialect is not None and isinstance(self.acl, MetadataAcl):
             existing: MetadataFilters | None = getattr(self.retriever, "_filters", None)
-            upstream._filters = _combine(existing, self.acl.filters(ctx))  # type: ignore[attr-defined]
+            acl_filters = self.acl.filters(ctx, store=self._dialect)
+            upstream._filters = _combine(existing, acl_filters)  # type: ignore[attr-defined]
         return upstream
+
+    def _handle_recursive_retrieval(self, query_bundle: QueryBundle, nodes: list[NodeWithScore]) -> list[NodeWithScore]:
+        # The wrapped retriever already expanded IndexNodes; expanding again here would put
+        # objects behind the ACL and the judge into the result.
+        return nodes
+
+    async def _ahandle_recursive_retrieval(
+        self, query_bundle: QueryBundle, nodes: list[NodeWithScore]
+    ) -> list[NodeWithScore]:
+        return nodes
+
+
+def _store_dialect(retriever: BaseRetriever) -> FilterStore | None:
+    """Which filter dialect the retriever's vector store speaks, when it is one we know."""
+    store = getattr(retriever, "_vector_store", None)
+    if isinstance(store, SimpleVectorStore):
+        return "simple"
+    if store is not None and type(store).__name__ == "QdrantVectorStore":
+        return "qdrant"
+    return None
+
+
+def _check_prefilter(retriever: BaseRetriever, acl: Acl) -> FilterStore:
+    if not isinstance(acl, MetadataAcl):
+        raise TypeError("prefilter needs a MetadataAcl: only a declarative ACL can become store filters")
+    dialect = _store_dialect(retriever)
+    if dialect is None or not hasattr(retriever, "_filters"):
+        raise TypeError(
+            f"prefilter supports Qdrant and the in-memory vector store; {type(retriever).__name__} is neither "
+            "(pass your own filters to the wrapped retriever, the ACL still checks every node)"
+        )
+    # Fail now, not on the first query, when this store cannot express the ACL.
+    acl.filters(RuntimeContext(user_id="probe", tenant_id="probe", roles=frozenset({"probe"})), store=dialect)
+    return dialect
 
 
 def _top_k_of(retriever: BaseRetriever) -> int | None:

@@ -12,7 +12,6 @@ import concurrent.futures
 import contextvars
 import logging
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ from llama_jev.execution import (
     Status,
 )
 from llama_jev.judge import RELEVANCE_QUESTION, Judge
-from llama_jev.wire import Instructions, NoulQuestion, Question, SystemOneRequest, SystemOneResult
+from llama_jev.wire import Instructions, NoulQuestion, Question, SystemOneRequest, SystemOneResult, check_result
 
 if TYPE_CHECKING:
     from llama_jev.context import RuntimeContext
@@ -180,8 +179,6 @@ class CandidateSelector:
         self.max_request_tokens = max_request_tokens
         self.max_concurrency = max_concurrency
         self.purpose = purpose
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -252,18 +249,28 @@ class CandidateSelector:
             scores=dict(selection.scores) if selection else {},
         )
 
-    def _finish(self, plan: _Plan, budget: Budget, results: Sequence[SystemOneResult]) -> Decision:
+    def _scores(self, plan: _Plan, results: Sequence[SystemOneResult]) -> tuple[dict[str, float], str | None]:
+        """Probability by candidate id, and the answering model(s), from checked results.
+
+        Any ``Judge`` is checked here, not only ``JevClient``: a wrong answer is a judge failure
+        (``ERROR``), never a selection.
+        """
         scores: dict[str, float] = {}
-        for ids, result in zip(plan.ids, results, strict=True):
+        for request, ids, result in zip(plan.requests, plan.ids, results, strict=True):
+            check_result(request, result)
             for item, node_id in ids.items():
-                scores[node_id] = result.noul(item)
-        if len(scores) != plan.count:  # pragma: no cover - guarded by check_result in every judge
-            raise JevInvalidResponseError("the answers do not cover every candidate")
+                p = result.noul(item)
+                if not (isinstance(p, float) and math.isfinite(p) and 0.0 <= p <= 1.0):
+                    raise JevInvalidResponseError(f"answer {item!r}: probability {p!r} is not in [0, 1]")
+                scores[node_id] = p
+        models = sorted({result.model for result in results})
+        return scores, ",".join(models) or None
+
+    def _finish(self, plan: _Plan, budget: Budget, scores: dict[str, float], model: str | None) -> Decision:
         selection = classify(scores, reject=self.reject, accept=self.accept)
         nothing_chosen = not selection.selected and selection.uncertain
         status = Status.INCONCLUSIVE if nothing_chosen else Status.DECIDED
-        models = sorted({result.model for result in results})
-        record = self._record(plan, budget, status, Reason.CLASSIFIED, selection, ",".join(models) or None)
+        record = self._record(plan, budget, status, Reason.CLASSIFIED, selection, model)
         return Decision(status=status, reason=Reason.CLASSIFIED, selection=selection, record=record)
 
     def _failed(self, plan: _Plan, budget: Budget, error: BaseException) -> Decision:
@@ -283,7 +290,15 @@ class CandidateSelector:
         if self.options.mode is Mode.OFF:
             return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
         budget = Budget(self.options.budget)
-        plan = self._plan(state, question, candidates)
+        try:
+            plan = self._plan(state, question, candidates)
+        except CandidateTooLargeError as error:
+            # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
+            # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
+            empty = _Plan(requests=(), ids=(), count=len(candidates))
+            record = self._record(empty, budget, Status.ERROR, Reason.CANDIDATE_TOO_LARGE)
+            decision = Decision(Status.ERROR, Reason.CANDIDATE_TOO_LARGE, record=record, error=error)
+            return self._observe(ctx, decision)
         if not plan.requests:
             return self._observe(ctx, self._skipped(plan, budget))
         return plan, budget
@@ -315,23 +330,28 @@ class CandidateSelector:
             return started
         plan, budget = started
         try:
-            results = self._gather(plan, budget)
+            scores, model = self._scores(plan, self._gather(plan, budget))
         except Exception as error:
             return self._observe(ctx, self._failed(plan, budget, error))
-        return self._observe(ctx, self._finish(plan, budget, results))
+        return self._observe(ctx, self._finish(plan, budget, scores, model))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
-        if len(plan.requests) == 1:
-            return [self.judge.system_one(plan.requests[0], timeout=budget.remaining())]
-        pool = self._thread_pool()
-        futures = [
-            pool.submit(contextvars.copy_context().run, self._call_sync, request, budget) for request in plan.requests
-        ]
-        done, pending = concurrent.futures.wait(
-            futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
+        # A pool per judgement: max_concurrency bounds this judgement alone, and batches of one
+        # caller never wait behind another caller's. Even a single batch goes through it, so the
+        # budget holds for a judge that ignores its timeout.
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(self.max_concurrency, len(plan.requests)), thread_name_prefix="llama-jev-judge"
         )
-        for future in pending:
-            future.cancel()
+        try:
+            futures = [
+                pool.submit(contextvars.copy_context().run, self._call_sync, request, budget)
+                for request in plan.requests
+            ]
+            done, pending = concurrent.futures.wait(
+                futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
+            )
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         for future in futures:
             if future in done and future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
@@ -345,21 +365,6 @@ class CandidateSelector:
             raise TimeoutError("the judgement budget ran out before this batch was sent")
         return self.judge.system_one(request, timeout=left)
 
-    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.max_concurrency, thread_name_prefix="llama-jev-judge"
-                )
-            return self._pool
-
-    def close(self) -> None:
-        """Stop the worker threads used by :meth:`select` (the judge is not closed)."""
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
-
     # --- async ----------------------------------------------------------------------------
 
     async def aselect(
@@ -371,14 +376,14 @@ class CandidateSelector:
             return started
         plan, budget = started
         try:
-            results = await self._agather(plan, budget)
+            scores, model = self._scores(plan, await self._agather(plan, budget))
         except asyncio.CancelledError:
             record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
             self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
             raise
         except Exception as error:
             return self._observe(ctx, self._failed(plan, budget, error))
-        return self._observe(ctx, self._finish(plan, budget, results))
+        return self._observe(ctx, self._finish(plan, budget, scores, model))
 
     async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         limit = asyncio.Semaphore(self.max_concurrency)

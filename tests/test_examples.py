@@ -23,7 +23,14 @@ from llama_index.core.llms.mock import MockFunctionCallingLLM
 from examples import agent_search_knowledge as agent_example
 from examples.refund_policy import kb, models, store
 from examples.refund_policy.ingest import build_collection, ensure_collection
-from examples.refund_policy.query import CollectionMissingError, aopen_index, ask, open_index, open_retriever, walkthrough
+from examples.refund_policy.query import (
+    CollectionMissingError,
+    aopen_index,
+    ask,
+    open_index,
+    open_retriever,
+    walkthrough,
+)
 from llama_jev import DecisionRecord, JevClient, Judge, Mode, RuntimeContext, ScriptedJudge
 from llama_jev.testing import SystemOneTestServer
 
@@ -233,9 +240,7 @@ def test_globex_users_receive_only_globex_documents(reopened: tuple[Any, Any]) -
 
 
 @pytest.mark.parametrize("prefilter", [True, False], ids=["store-prefilter", "acl-only"])
-def test_the_judge_server_never_receives_text_alice_may_not_read(
-    reopened: tuple[Any, Any], prefilter: bool
-) -> None:
+def test_the_judge_server_never_receives_text_alice_may_not_read(reopened: tuple[Any, Any], prefilter: bool) -> None:
     index, _ = reopened
     with SystemOneTestServer(models.keyword_answer, api_key="sk-example-test") as server:
         # The TypeSafe path of the example, pointed at the local test server by environment alone.
@@ -296,7 +301,10 @@ def test_with_a_typesafe_key_the_example_uses_jev_at_the_configured_url() -> Non
     choice = models.choose_judge(environ={"TYPESAFE_API_KEY": "sk-x", "TYPESAFE_BASE_URL": "http://127.0.0.1:9"})
     assert isinstance(choice.component, JevClient)
     assert choice.component.base_url == "http://127.0.0.1:9"
+    assert "http://127.0.0.1:9" in choice.label
     assert "sk-x" not in choice.label
+    default = models.choose_judge(environ={"TYPESAFE_API_KEY": "sk-x"})
+    assert "TypeSafe's Jev at https://api.typesafe.ai" in default.label
 
 
 @needs_local

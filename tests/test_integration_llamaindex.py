@@ -23,7 +23,7 @@ from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.llms import MockLLM
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import IndexNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
 
 from llama_jev import (
     PROBABILITY_KEY,
@@ -133,6 +133,69 @@ def test_enforce_returns_copies_with_probability_and_leaves_the_docstore_untouch
         stored = index.docstore.get_node(node.node.node_id)
         assert PROBABILITY_KEY not in stored.metadata
         assert PROBABILITY_KEY not in original.node.metadata
+
+
+def test_enforce_never_mutates_the_upstream_node_objects() -> None:
+    # FixedRetriever hands out the very objects it holds (as a docstore cache would).
+    upstream = [NodeWithScore(node=doc.node(), score=0.5 + i / 100) for i, doc in enumerate(DOCS)]
+    before = [
+        (
+            n.node.metadata.copy(),
+            list(n.node.excluded_llm_metadata_keys),
+            list(n.node.excluded_embed_metadata_keys),
+            n.score,
+        )
+        for n in upstream
+    ]
+    retriever = JevRetriever(FixedRetriever(upstream), selector(ScriptedJudge(marked_answer)), ACL)
+    with runtime_context(ALICE):
+        nodes = retriever.retrieve(QUERY)
+    assert names(nodes) == ["acme-refund", "acme-alice-note"]
+    for node in nodes:
+        original = next(n for n in upstream if n.node.node_id == node.node.node_id)
+        assert node.node is not original.node
+        assert node.score == original.score
+        assert PROBABILITY_KEY in node.node.excluded_llm_metadata_keys
+    after = [
+        (n.node.metadata, n.node.excluded_llm_metadata_keys, n.node.excluded_embed_metadata_keys, n.score)
+        for n in upstream
+    ]
+    assert after == before
+
+
+def test_shadow_keeps_serving_when_a_node_is_too_large_and_enforce_says_why() -> None:
+    huge = NodeWithScore(
+        node=TextNode(id_="huge", text="refund " * 40_000, metadata={"tenant": "acme", "public": "true"}), score=1.0
+    )
+    small = NodeWithScore(node=DOCS[0].node(), score=0.9)
+    records: list[DecisionRecord] = []
+    shadow = JevRetriever(
+        FixedRetriever([huge, small]), selector(ScriptedJudge(marked_answer), Mode.SHADOW, records), ACL
+    )
+    with runtime_context(ALICE):
+        assert [n.node.node_id for n in shadow.retrieve(QUERY)] == ["huge", DOCS[0].id]
+        enforce = JevRetriever(FixedRetriever([huge, small]), selector(ScriptedJudge(marked_answer)), ACL)
+        with pytest.raises(RetrievalUnavailableError, match="too large") as caught:
+            enforce.retrieve(QUERY)
+    assert caught.value.reason == "CANDIDATE_TOO_LARGE"
+    assert [r.reason.value for r in records] == ["CANDIDATE_TOO_LARGE"]
+
+
+def test_index_nodes_are_not_expanded_behind_the_acl() -> None:
+    secret = TextNode(id_="behind", text="PRIVATE-COMPENSATION via an index node", metadata={"tenant": "acme"})
+    pointer = IndexNode(
+        id_="pointer",
+        text="[p=0.9] pointer",
+        index_id="x",
+        obj=FixedRetriever([NodeWithScore(node=secret, score=1.0)]),
+        metadata={"tenant": "acme", "public": "true"},
+    )
+    retriever = JevRetriever(
+        FixedRetriever([NodeWithScore(node=pointer, score=1.0)]), selector(ScriptedJudge(marked_answer)), ACL
+    )
+    with runtime_context(ALICE):
+        result = retriever.retrieve(QUERY)
+    assert all("PRIVATE" not in n.node.get_content() for n in result)
 
 
 def test_judge_receives_node_content_without_metadata(jev_server: SystemOneTestServer) -> None:
@@ -324,6 +387,28 @@ def names_of(nodes: Sequence[NodeWithScore]) -> list[str]:
     return [str(node.node.metadata["name"]) for node in nodes]
 
 
+def test_from_index_on_the_in_memory_store_post_filters_only(jev_server: SystemOneTestServer) -> None:
+    retriever = JevRetriever.from_index(memory_index(), selector(client(jev_server)), ACL, top_k=10)
+    assert retriever.prefilter is False
+    with runtime_context(ALICE):
+        assert names(retriever.retrieve(QUERY)) == ["acme-refund", "acme-alice-note"]
+
+
+def test_from_index_on_qdrant_prefilters(jev_server: SystemOneTestServer, tmp_path: Path) -> None:
+    index, qdrant = qdrant_index(tmp_path / "qdrant")
+    retriever = JevRetriever.from_index(index, selector(client(jev_server)), ACL, top_k=10)
+    with runtime_context(SAM):
+        result = names(retriever.retrieve(QUERY))
+    qdrant.close()
+    assert retriever.prefilter is True
+    assert result == ["acme-refund", "acme-compensation"]
+
+
+def test_prefilter_on_the_in_memory_store_that_cannot_express_the_acl_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match="cannot be expressed as a filter for the in-memory"):
+        JevRetriever(memory_index().as_retriever(), selector(ScriptedJudge(marked_answer)), ACL, prefilter=True)
+
+
 def test_prefilter_requires_a_metadata_acl() -> None:
     with pytest.raises(TypeError, match="MetadataAcl"):
         JevRetriever(
@@ -441,14 +526,30 @@ async def test_agent_calls_search_knowledge_for_the_bound_user(jev_server: Syste
     assert "GLOBEX" not in answer
 
 
-async def test_agent_tool_arguments_cannot_change_the_identity(jev_server: SystemOneTestServer) -> None:
+async def test_agent_naming_another_user_in_the_query_still_searches_as_the_bound_user(
+    jev_server: SystemOneTestServer,
+) -> None:
+    llm = scripted_agent_llm({"query": "refund conditions; I am sam from support, user_id=sam, tenant globex"})
+    agent = FunctionAgent(tools=[knowledge_tool(jev_server)], llm=llm)
+    with runtime_context(ALICE):
+        answer = str(await agent.run(QUERY))
+    assert jev_server.request_count > 0  # the search really ran
+    assert "ALICE-ONLY" in answer  # ... as alice
+    assert "PRIVATE-COMPENSATION" not in answer
+    assert "GLOBEX" not in answer
+    assert "PRIVATE-COMPENSATION" not in jev_server.received_text()
+    assert "GLOBEX" not in jev_server.received_text()
+
+
+async def test_agent_identity_arguments_are_refused_not_used(jev_server: SystemOneTestServer) -> None:
     attempt = {"query": QUERY, "user_id": "sam", "roles": ["support"], "tenant_id": "globex"}
     agent = FunctionAgent(tools=[knowledge_tool(jev_server)], llm=scripted_agent_llm(attempt))
     with runtime_context(ALICE):
         answer = str(await agent.run(QUERY))
+    assert "unexpected keyword argument" in answer  # the model is told its call was wrong
+    assert jev_server.request_count == 0
     assert "PRIVATE-COMPENSATION" not in answer
     assert "GLOBEX" not in answer
-    assert "PRIVATE-COMPENSATION" not in jev_server.received_text()
 
 
 async def test_agent_sees_a_judge_failure_as_a_tool_error(jev_server: SystemOneTestServer) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import multiprocessing
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,10 +23,13 @@ from llama_jev import (
     JevClient,
     JsonlObserver,
     Mode,
+    NoulAnswer,
     Reason,
     RetryPolicy,
     ScriptedJudge,
     Status,
+    SystemOneRequest,
+    SystemOneResult,
 )
 from llama_jev.testing import Fault, SystemOneTestServer
 
@@ -180,12 +186,16 @@ def test_requests_are_packed_by_size() -> None:
     assert [len(r.questions) for r in judge.requests] == [2, 2, 2, 2, 2]
 
 
-def test_a_candidate_too_large_for_one_request_is_an_error_before_any_request() -> None:
-    judge = ScriptedJudge(marked_answer)
+def test_a_candidate_too_large_for_one_request_is_an_error_decision_before_any_request() -> None:
+    judge, records = ScriptedJudge(marked_answer), Records()
     cands = [Candidate("small", "x"), Candidate("huge", "word " * 10_000)]
-    with pytest.raises(CandidateTooLargeError, match="'huge'"):
-        selector(judge, max_request_tokens=4_000).select(QUERY, RELEVANCE_QUESTION, cands)
+    decision = selector(judge, records=records, max_request_tokens=4_000).select(QUERY, RELEVANCE_QUESTION, cands)
+    assert decision.status is Status.ERROR
+    assert decision.reason is Reason.CANDIDATE_TOO_LARGE
+    assert isinstance(decision.error, CandidateTooLargeError)
+    assert "'huge'" in str(decision.error)
     assert judge.requests == []
+    assert [r.reason for r in records.records] == [Reason.CANDIDATE_TOO_LARGE]
 
 
 def test_sync_batches_are_sent_concurrently(jev_server: SystemOneTestServer) -> None:
@@ -255,6 +265,75 @@ async def test_budget_bounds_a_slow_server(jev_server: SystemOneTestServer, use_
         decision = chosen.select(QUERY, RELEVANCE_QUESTION, candidates(0.9, 0.9, 0.9))
     assert decision.reason is Reason.TIMEOUT
     assert len(records.records) == 1
+
+
+class SlowJudge(ScriptedJudge):
+    """A judge that ignores its timeout: the selector's own budget must still hold."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(marked_answer)
+        self.seconds = seconds
+        self.started = 0
+        self.finished = 0
+
+    def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        self.started += 1
+        time.sleep(self.seconds)
+        self.finished += 1
+        return super().system_one(request)
+
+    async def asystem_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        self.started += 1
+        await asyncio.sleep(self.seconds)
+        self.finished += 1
+        return super().system_one(request)
+
+
+@pytest.mark.parametrize("batches", [1, 3])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_budget_holds_for_a_judge_that_ignores_its_timeout(use_async: bool, batches: int) -> None:
+    judge, records = SlowJudge(1.0), Records()
+    chosen = selector(judge, records=records, budget=0.2, batch_size=1)
+    started = time.monotonic()
+    if use_async:
+        decision = await chosen.aselect(QUERY, RELEVANCE_QUESTION, candidates(*[0.9] * batches))
+    else:
+        decision = chosen.select(QUERY, RELEVANCE_QUESTION, candidates(*[0.9] * batches))
+    assert decision.reason is Reason.TIMEOUT
+    assert time.monotonic() - started < 0.9  # returned at the budget, not when the judge finished
+    assert len(records.records) == 1
+    if use_async:
+        await asyncio.sleep(0)
+        assert judge.finished == 0  # the pending batches were cancelled, not left running
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda result: result.model_construct(model="x", answers={}, usage=result.usage),
+        lambda result: result.model_construct(
+            model="x",
+            answers={k: NoulAnswer.model_construct(type="noul", noul=math.nan) for k in result.answers},
+            usage=result.usage,
+        ),
+        lambda result: result.model_construct(
+            model="x",
+            answers={k: NoulAnswer.model_construct(type="noul", noul=1.5) for k in result.answers},
+            usage=result.usage,
+        ),
+    ],
+    ids=["missing-answers", "nan", "above-one"],
+)
+@pytest.mark.parametrize("mode", [Mode.SHADOW, Mode.ENFORCE])
+def test_a_custom_judge_returning_bad_results_is_a_judge_failure(corrupt: Any, mode: Mode) -> None:
+    class BadJudge(ScriptedJudge):
+        def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+            return corrupt(super().system_one(request))  # type: ignore[no-any-return]
+
+    decision = selector(BadJudge(marked_answer), mode=mode).select(QUERY, RELEVANCE_QUESTION, candidates(0.9, 0.1))
+    assert decision.status is Status.ERROR
+    assert decision.reason is Reason.CALL_OR_RESPONSE_ERROR
+    assert decision.selection is None
 
 
 def test_http_error_after_retries_is_call_or_response_error(jev_server: SystemOneTestServer) -> None:

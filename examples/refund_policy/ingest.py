@@ -63,7 +63,7 @@ def ensure_collection(client: QdrantClient, embed_model: BaseEmbedding, *, rebui
 def main(argv: list[str] | None = None) -> int:
     """Build the collection (``--rebuild`` to redo it) and say where it is."""
     parser = argparse.ArgumentParser(prog="python -m examples.refund_policy.ingest", description=__doc__)
-    parser.add_argument("--storage", help=f"local-mode folder (default {store.DEFAULT_STORAGE}); ignored with QDRANT_URL")
+    parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument("--rebuild", action="store_true", help="drop and rebuild the collection")
     args = parser.parse_args(argv)
     embedding = choose_embedding()

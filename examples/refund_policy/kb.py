@@ -177,10 +177,10 @@ def nodes() -> list[TextNode]:
 def access_line(document: Document) -> str:
     """Who may read ``document``, in words."""
     if document.public:
-        return f"everyone in {document.tenant}"
+        return f"everyone at {document.tenant}"
     grants = [f"user {', '.join(document.users)}"] if document.users else []
     grants += [f"role {', '.join(document.roles)}"] if document.roles else []
-    return f"{document.tenant}: {' or '.join(grants)} only"
+    return f"at {document.tenant}, only {' or '.join(grants)}"
 
 
 def readable_by(user: User) -> frozenset[str]:

@@ -25,9 +25,16 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
 from llama_jev import JevClient, Judge, ScriptedJudge
+from llama_jev.client import DEFAULT_BASE_URL
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOPWORDS = frozenset("a an and are can do does for how i is my of on or the to what when where which who why".split())
+# Words that say nothing about the topic, left out of the keyword rule and the toy embedding.
+_STOPWORDS = frozenset(
+    {
+        "a", "an", "and", "are", "can", "do", "does", "for", "how", "i", "is", "my", "of", "on", "or",
+        "the", "to", "what", "when", "where", "which", "who", "why",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,9 @@ def choose_judge(embed_model: BaseEmbedding | None = None, environ: Mapping[str,
     environ = os.environ if environ is None else environ
     if environ.get("TYPESAFE_API_KEY", "").strip():
         client = JevClient(api_key=environ["TYPESAFE_API_KEY"], base_url=environ.get("TYPESAFE_BASE_URL") or None)
-        return Choice(client, f"JevClient: TypeSafe's Jev at {client.base_url} (model {client.model})")
+        if client.base_url == DEFAULT_BASE_URL:
+            return Choice(client, f"JevClient: TypeSafe's Jev at {client.base_url} (model {client.model})")
+        return Choice(client, f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL)")
     try:
         from llama_jev.local import LocalEmbedding, LocalRelevanceJudge
 

@@ -12,10 +12,9 @@ record the judgement produced.
 from __future__ import annotations
 
 import argparse
-import json
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ from llama_index.vector_stores.qdrant import QdrantVectorStore
 from qdrant_client import AsyncQdrantClient, QdrantClient
 
 from examples.refund_policy import kb, store
+from examples.refund_policy.ingest import ensure_collection
 from examples.refund_policy.models import Choice, choose_embedding, choose_judge
 from llama_jev import (
     PROBABILITY_KEY,
@@ -36,9 +36,9 @@ from llama_jev import (
     JevRetriever,
     Judge,
     Mode,
+    Observer,
     RetrievalInconclusiveError,
     RetrievalUnavailableError,
-    RuntimeContext,
     runtime_context,
 )
 
@@ -76,7 +76,9 @@ async def aopen_index(
     """:func:`open_index` over an async client, for ``aretrieve`` (what agents call)."""
     name = collection or store.collection_name(embed_model)
     if not await client.collection_exists(name):
-        raise CollectionMissingError(f"collection {name!r} does not exist: run `python -m examples.refund_policy` first")
+        raise CollectionMissingError(
+            f"collection {name!r} does not exist: run `python -m examples.refund_policy.ingest` first"
+        )
     vector_store = QdrantVectorStore(collection_name=name, aclient=client)
     return VectorStoreIndex.from_vector_store(vector_store, embed_model=embed_model)
 
@@ -86,7 +88,7 @@ def open_retriever(
     mode: Mode,
     judge: Judge,
     *,
-    observer: Callable[[RuntimeContext | None, DecisionRecord], object] | None = None,
+    observer: Observer | None = None,
     top_k: int = TOP_K,
     candidate_limit: int = CANDIDATE_LIMIT,
     prefilter: bool = True,
@@ -201,8 +203,10 @@ def render(outcome: Outcome) -> str:
             lines.append(_wrap(passage.node.get_content(), "         "))
     timing = f"  retrieval {outcome.seconds * 1000:.0f} ms"
     for record in outcome.records:
-        lines.append(f"  Decision record: status {record.status.value}, {record.candidates} candidates judged "
-                     f"in {record.elapsed_ms:.0f} ms by {record.model}")
+        lines.append(
+            f"  Decision record: status {record.status.value}, {record.candidates} candidates judged "
+            f"in {record.elapsed_ms:.0f} ms by {record.model}"
+        )
         verdicts = [("selected", record.selected), ("uncertain", record.uncertain), ("rejected", record.rejected)]
         for verdict, ids in verdicts:
             for node_id in ids:
@@ -252,10 +256,12 @@ Next steps:
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--storage", help=f"local-mode folder (default {store.DEFAULT_STORAGE}); ignored with QDRANT_URL")
+    parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument("--question", default=kb.QUESTION, help=f"what the users ask (default: {kb.QUESTION!r})")
     parser.add_argument(
-        "--user", action="append", choices=[user.name for user in kb.USERS],
+        "--user",
+        action="append",
+        choices=[user.name for user in kb.USERS],
         help="ask only as this user (repeatable; default: all)",
     )
     parser.add_argument("--rebuild", action="store_true", help="rebuild the collection first (with ingestion)")
@@ -271,17 +277,16 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
     judge = choose_judge(embedding.component)
     print(render_header(store.describe(store.client_options(args.storage)), embedding, judge, args.question))
 
+    print()
     encoder = getattr(embedding.component, "encoder", None)
     if encoder is not None:
         started = time.perf_counter()
         encoder.load()  # once, up front, so the first query's latency is the query's own
-        print(f"\nLoaded the local model in {time.perf_counter() - started:.2f} s")
+        print(f"Loaded the local model in {time.perf_counter() - started:.2f} s")
 
     if ingest_if_missing or args.rebuild:
         # Step 1, with its own client, closed before step 2 reopens the folder (Qdrant local
         # mode allows one client per folder).
-        from examples.refund_policy.ingest import ensure_collection
-
         with store.connect(args.storage) as client:
             done = ensure_collection(client, embedding.component, rebuild=args.rebuild)
         if done.built:

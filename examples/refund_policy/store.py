@@ -22,6 +22,7 @@ from qdrant_client import AsyncQdrantClient, QdrantClient
 
 DEFAULT_STORAGE = Path(__file__).resolve().parent / "storage"
 COLLECTION_PREFIX = "refund_policy"
+STORAGE_HELP = f"the local-mode folder (default: {DEFAULT_STORAGE}); unused when QDRANT_URL is set"
 
 
 def client_options(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

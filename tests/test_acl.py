@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import uuid
 import warnings
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from llama_index.core import StorageContext, VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, TextNode
 from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
 from llama_index.vector_stores.qdrant import QdrantVectorStore
@@ -24,30 +22,9 @@ from qdrant_client import QdrantClient
 
 from llama_jev.acl import Acl, MetadataAcl, check_acl
 from llama_jev.context import RuntimeContext
+from llama_jev.toy_embedding import HashEmbedding
 
 # --- helpers -----------------------------------------------------------------------------------
-
-DIM = 32
-
-
-class HashEmbedding(BaseEmbedding):
-    """Words hashed into 32 buckets, plus a constant component so no vector is zero. Offline."""
-
-    def _vector(self, text: str) -> list[float]:
-        vector = [0.0] * DIM
-        vector[0] = 1.0
-        for word in text.lower().split():
-            vector[1 + zlib.crc32(word.encode()) % (DIM - 1)] += 1.0
-        return vector
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._vector(text)
 
 
 def node(name: str, **metadata: Any) -> TextNode:

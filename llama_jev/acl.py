@@ -39,7 +39,7 @@ FilterStore: TypeAlias = Literal["qdrant", "simple"]
 _NOTHING_SENTINEL = "llama_jev:match-nothing"
 
 # The public flag values a vector store can both store and be filtered on (LlamaIndex rejects a
-# boolean filter value). In-memory ``True`` is also public but cannot be addressed by a filter.
+# boolean filter value), and the only ones the ACL accepts, so filter and check agree.
 _PUBLIC_FILTER_VALUES: tuple[str | int, ...] = ("true", 1)
 
 _STORES: tuple[str, ...] = ("qdrant", "simple")
@@ -59,9 +59,11 @@ def _string_set(value: Any) -> frozenset[str] | None:
 
 
 def _is_public(value: Any) -> bool:
-    # Exactly True, the string "true" or the int 1; not "True", "yes", 1.0 or a list: a public
-    # flag is a security decision, so only unmistakable values count.
-    return value is True or (isinstance(value, str) and value == "true") or (type(value) is int and value == 1)
+    # Exactly the string "true" or the int 1; not True, "True", "yes", 1.0 or a list: a public
+    # flag is a security decision, so only unmistakable values count, and only values a store
+    # filter can match (LlamaIndex rejects boolean filter values), so the in-process check and
+    # the pushed-down filter agree.
+    return (isinstance(value, str) and value == "true") or (type(value) is int and value == 1)
 
 
 def _match_nothing(key: str) -> list[MetadataFilter]:
@@ -92,11 +94,11 @@ class MetadataAcl:
     - users / roles: a string (one entry) or a list of strings. Anything else (a dict, an int, a
       list holding a non-string) is malformed and **denies the node**, whatever the other keys
       say: broken ACL data is not guessed around.
-    - public flag: ``"true"`` (canonical: every store can hold and filter on it), the int ``1``,
-      or ``True``. Any other value (``"True"``, ``"yes"``, ``1.0``, ``False``, ...) means not
-      public; it never denies by itself. Prefer ``"true"``: LlamaIndex filters reject boolean
-      values, so a node flagged with ``True`` in a typed store such as Qdrant is invisible to
-      :meth:`filters` (the in-process check would still accept it, but the store never returns it).
+    - public flag: ``"true"`` (canonical: every store can hold and filter on it) or the int ``1``.
+      Any other value (``True``, ``"True"``, ``"yes"``, ``1.0``, ``False``, ...) means not
+      public; it never denies by itself. A boolean ``True`` is not public on purpose: LlamaIndex
+      filters reject boolean values, so a store could never pre-filter on it, and the check and
+      the filter must give the same answer.
     - a value of ``None`` counts as missing.
 
     At least one key must be set: an ACL that checks nothing would let everything through
@@ -183,8 +185,7 @@ class MetadataAcl:
         - ``"qdrant"`` (``QdrantVectorStore``): ``tenant EQ`` AND a nested OR of
           ``users IN [user_id]``, ``roles IN ctx.roles``, ``public EQ "true"``, ``public EQ 1``.
           Qdrant matches a condition on a list field when any element matches, so string and
-          list values are both exact. A flag stored as boolean ``true`` is not matched (see the
-          class docstring).
+          list values are both exact.
         - ``"simple"`` (the default in-memory ``SimpleVectorStore``): that store rejects nested
           filters, so only one level is possible: the tenant alone, the grants alone (a flat OR),
           or the tenant with a single users or roles key. Other configurations raise
@@ -194,8 +195,8 @@ class MetadataAcl:
           (``"u10"`` contains ``"u1"``), so with this store keep users and roles as lists. The
           looser match only costs recall slots, since the ACL still removes such nodes; a
           number under a users / roles key (malformed) makes this store raise ``TypeError``.
-          This store compares with Python ``==``, so a ``True`` flag matches ``1`` (as the ACL
-          accepts it) and so does a ``1.0`` flag (which the ACL then removes).
+          This store compares with Python ``==``, so ``True`` and ``1.0`` flags match ``1``; the
+          ACL then removes those nodes (neither is a public value).
 
         Raises:
             ValueError: unknown ``store``, or a configuration ``store`` cannot express.

@@ -73,7 +73,7 @@ DECISIONS = [
     # public flag forms
     pytest.param(PUBLIC, ALICE, {"public": "true"}, True, id="public-str-true"),
     pytest.param(PUBLIC, ALICE, {"public": 1}, True, id="public-int-1"),
-    pytest.param(PUBLIC, ALICE, {"public": True}, True, id="public-bool-true"),
+    pytest.param(PUBLIC, ALICE, {"public": True}, False, id="public-bool-true-not-public"),
     pytest.param(PUBLIC, ALICE, {"public": "True"}, False, id="public-str-True-not-public"),
     pytest.param(PUBLIC, ALICE, {"public": "yes"}, False, id="public-yes-not-public"),
     pytest.param(PUBLIC, ALICE, {"public": "1"}, False, id="public-str-1-not-public"),
@@ -416,15 +416,15 @@ def test_roles_only_caller_without_roles_gets_nothing_from_either_store(
     assert _retrieve(simple_index, acl.filters(no_roles, store="simple")) == set()
 
 
-def test_simple_store_matches_a_true_flag_but_qdrant_does_not() -> None:
-    # Documented limitation: LlamaIndex filters reject booleans, and Qdrant keeps bool apart
-    # from int, so only the in-memory store (where True == 1) finds a boolean-flagged node.
+def test_a_boolean_flag_is_not_public_in_the_check_or_in_either_store() -> None:
+    # LlamaIndex filters reject booleans, so a boolean flag could never be pushed down; the ACL
+    # refuses it too, so the check and the pre-filter give the same answer (after the post-filter).
     flagged = node("bool-public", public=True)
     acl = MetadataAcl(public_key="public")
+    assert acl(ALICE, flagged) is False
     simple = VectorStoreIndex([flagged], embed_model=HashEmbedding())
-    assert acl(ALICE, flagged) is True
+    # The in-memory store's == lets True match 1 (an over-admission the ACL then removes).
     assert _retrieve(simple, acl.filters(ALICE, store="simple")) == {flagged.node_id}
-
     client = QdrantClient(location=":memory:")
     try:
         qdrant = _qdrant_index(client, "bool_flag", [flagged])

@@ -112,7 +112,8 @@ class ExecutionOptions:
             reason ``TIMEOUT``.
         version: your label for this configuration (thresholds, prompt, model), kept in records
             so calibration data from different set-ups is not mixed.
-        observer: gets one :class:`DecisionRecord` per judgement.
+        observer: gets one :class:`DecisionRecord` per judgement, called inline (also from
+            ``aselect``, on the event loop): keep it quick, or hand the record to a queue.
 
     Example:
         >>> ExecutionOptions(mode="shadow", budget=1.5).mode

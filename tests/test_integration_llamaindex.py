@@ -583,3 +583,38 @@ async def test_tool_async_returns_id_and_text(jev_server: SystemOneTestServer) -
 
 
 BY_ID_NAME = {doc.name: doc.id for doc in DOCS}
+
+
+# --- other retrievers -----------------------------------------------------------------------
+
+
+def test_bm25_retriever_gets_recall_expansion_without_being_mutated() -> None:
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    bm25 = BM25Retriever.from_defaults(nodes=[doc.node() for doc in MANY], similarity_top_k=5)
+    judge = ScriptedJudge(lambda *a: 0.9)
+    retriever = JevRetriever(bm25, selector(judge), ACL, candidate_limit=20)
+    with runtime_context(ALICE):
+        nodes = retriever.retrieve("refund conditions")
+    assert len(judge.requests[0].questions) == 20
+    assert len(nodes) == 5
+    assert bm25.similarity_top_k == 5
+
+
+async def test_hybrid_fusion_retriever_is_wrapped_as_it_is(jev_server: SystemOneTestServer) -> None:
+    from llama_index.core.retrievers import QueryFusionRetriever
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    index = memory_index()
+    bm25 = BM25Retriever.from_defaults(nodes=[doc.node() for doc in DOCS], similarity_top_k=10)
+    hybrid = QueryFusionRetriever(
+        [index.as_retriever(similarity_top_k=10), bm25],
+        similarity_top_k=10,
+        num_queries=1,
+        mode="reciprocal_rerank",
+        llm=MockLLM(),
+    )
+    retriever = JevRetriever(hybrid, selector(client(jev_server)), ACL)
+    with runtime_context(SAM):
+        assert names(await retriever.aretrieve(QUERY)) == ["acme-refund", "acme-compensation"]
+    assert "GLOBEX" not in jev_server.received_text()

@@ -447,3 +447,10 @@ def test_keyword_embedding_is_deterministic_and_unit_length() -> None:
     first = embedding.get_text_embedding("Refunds within seven days")
     assert first == embedding.get_text_embedding("Refunds within seven days")
     assert abs(sum(value * value for value in first) - 1.0) < 1e-9
+
+
+@pytest.fixture(autouse=True)
+def _local_qdrant_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A developer's exported QDRANT_URL must not send these tests to (and rebuild collections on) a real server.
+    monkeypatch.delenv("QDRANT_URL", raising=False)
+    monkeypatch.delenv("QDRANT_API_KEY", raising=False)

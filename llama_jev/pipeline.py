@@ -7,7 +7,6 @@ its sync and async paths share every step except the judge call itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.schema import NodeWithScore
@@ -113,7 +112,7 @@ class JudgedRetrieval:
                 decision.error
             )
         selection = decision.selection
-        if selection is None:  # SKIPPED with no candidates carries an empty selection
+        if selection is None:  # only ERROR, CANCELLED and MODE_OFF lack one; none gets here
             return []
         if decision.status is Status.INCONCLUSIVE:
             raise RetrievalInconclusiveError(
@@ -139,11 +138,3 @@ def _unavailable_message(reason: Reason) -> str:
 
 def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:
     return nodes if limit is None else nodes[:limit]
-
-
-def query_text(query: Any) -> str:
-    """The query string of a ``QueryBundle`` (or a plain string)."""
-    text = getattr(query, "query_str", query)
-    if not isinstance(text, str):
-        raise TypeError("the query must be a string or a QueryBundle")
-    return text

@@ -84,7 +84,6 @@ class JevRetriever(BaseRetriever):
         self.retriever = retriever
         self.candidate_limit = candidate_limit
         self.top_k = top_k
-        self.prefilter = prefilter
         super().__init__(callback_manager=callback_manager or retriever.callback_manager, verbose=verbose)
 
     @classmethod
@@ -126,6 +125,11 @@ class JevRetriever(BaseRetriever):
         return self._judged.acl
 
     @property
+    def prefilter(self) -> bool:
+        """Whether the ACL is also pushed down into the vector store as metadata filters."""
+        return self._dialect is not None
+
+    @property
     def recall_k(self) -> int | None:
         """How many nodes the wrapped retriever is asked for in the current mode."""
         if self._judged.mode is Mode.ENFORCE:
@@ -159,7 +163,7 @@ class JevRetriever(BaseRetriever):
         """
         k = self.recall_k
         change_k = k is not None and _top_k_of(self.retriever) not in (None, k)
-        if not change_k and not self.prefilter:
+        if not change_k and self._dialect is None:
             return self.retriever
         upstream = copy.copy(self.retriever)
         if change_k:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import os
 import time
+import unicodedata
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -16,6 +21,7 @@ if TYPE_CHECKING:
     from llama_jev.context import RuntimeContext
 
 __all__ = [
+    "QUERY_KEY_SECRET_ENVIRONMENT",
     "Budget",
     "Decision",
     "DecisionRecord",
@@ -25,7 +31,11 @@ __all__ = [
     "Reason",
     "Selection",
     "Status",
+    "normalize_query",
+    "query_key",
 ]
+
+QUERY_KEY_SECRET_ENVIRONMENT = "LLAMA_JEV_QUERY_KEY_SECRET"  # noqa: S105 - a variable name, not a secret
 
 
 class Mode(str, Enum):
@@ -77,6 +87,9 @@ class DecisionRecord(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
+    decision_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex, description="Unique id of this judgement (labels join on it)."
+    )
     purpose: str
     version: str
     mode: Mode
@@ -90,6 +103,14 @@ class DecisionRecord(BaseModel):
     uncertain: tuple[str, ...] = ()
     rejected: tuple[str, ...] = ()
     scores: dict[str, float] = Field(default_factory=dict)
+    retrieved: int | None = Field(
+        default=None, ge=0, description="Nodes the upstream retriever returned (None: not a retrieval)."
+    )
+    denied: int | None = Field(default=None, ge=0, description="Of those, nodes the ACL removed (None: no ACL ran).")
+    query_key: str | None = Field(
+        default=None,
+        description="HMAC-SHA256 of the normalised query under the configured secret (None: no secret set).",
+    )
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
 
     def to_json(self) -> str:
@@ -114,6 +135,11 @@ class ExecutionOptions:
             so calibration data from different set-ups is not mixed.
         observer: gets one :class:`DecisionRecord` per judgement, called inline (also from
             ``aselect``, on the event loop): keep it quick, or hand the record to a queue.
+        query_key_secret: a secret for ``DecisionRecord.query_key``, the HMAC-SHA256 of the
+            normalised query, so labels written against query text can be joined to records
+            that never hold it. Defaults to ``LLAMA_JEV_QUERY_KEY_SECRET``; unset, no key is
+            written. A plain hash would not do: short queries ("refund?") are guessed by hashing
+            candidates, so without the secret the key would reveal the query.
 
     Example:
         >>> ExecutionOptions(mode="shadow", budget=1.5).mode
@@ -124,6 +150,7 @@ class ExecutionOptions:
     budget: float = 2.0
     version: str = "v1"
     observer: Observer | None = field(default=None, compare=False)
+    query_key_secret: str | bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -135,6 +162,39 @@ class ExecutionOptions:
             raise ValueError("version must be a non-blank string")
         if self.observer is not None and not callable(self.observer):
             raise TypeError("observer must be callable as observer(ctx, record)")
+        secret = self.query_key_secret
+        if secret is None:
+            secret = os.environ.get(QUERY_KEY_SECRET_ENVIRONMENT) or None
+        if secret is not None and (not isinstance(secret, (str, bytes)) or not secret):
+            raise ValueError("query_key_secret must be a non-empty str or bytes")
+        object.__setattr__(self, "query_key_secret", secret)
+
+    def query_key(self, query: str) -> str | None:
+        """The record's ``query_key`` for ``query``, or ``None`` when no secret is configured."""
+        if self.query_key_secret is None:
+            return None
+        return query_key(query, self.query_key_secret)
+
+
+def normalize_query(query: str) -> str:
+    """The form a query is keyed in: Unicode NFKC, case-folded, whitespace collapsed.
+
+    ``"  What are the REFUND  conditions?"`` and ``"what are the refund conditions?"`` key alike.
+    """
+    return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+def query_key(query: str, secret: str | bytes) -> str:
+    """HMAC-SHA256 (hex) of :func:`normalize_query` of ``query`` under ``secret``.
+
+    Example:
+        >>> query_key("Refund?", "s3cret") == query_key("  refund? ", "s3cret")
+        True
+    """
+    key = secret.encode("utf-8") if isinstance(secret, str) else secret
+    # surrogatepass: a lone surrogate (broken emoji escapes) still keys, deterministically.
+    message = normalize_query(query).encode("utf-8", "surrogatepass")
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,9 @@ class JudgedRetrieval:
         authorized = authorize(nodes, ctx, self.acl)
         if self.mode is Mode.OFF:
             return _limit(authorized, limit)
-        decision = self.selector.select(query, self.question, to_candidates(authorized), ctx=ctx)
+        decision = self.selector.select(
+            query, self.question, to_candidates(authorized), ctx=ctx, **_counts(nodes, authorized)
+        )
         return self._apply(authorized, decision, limit)
 
     async def arun(
@@ -99,7 +101,9 @@ class JudgedRetrieval:
         authorized = authorize(nodes, ctx, self.acl)
         if self.mode is Mode.OFF:
             return _limit(authorized, limit)
-        decision = await self.selector.aselect(query, self.question, to_candidates(authorized), ctx=ctx)
+        decision = await self.selector.aselect(
+            query, self.question, to_candidates(authorized), ctx=ctx, **_counts(nodes, authorized)
+        )
         return self._apply(authorized, decision, limit)
 
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:
@@ -134,6 +138,11 @@ def _unavailable_message(reason: Reason) -> str:
         f"the relevance judge failed ({reason.value}); this is not an empty result: the knowledge "
         "base was not searched to a conclusion, retry later"
     )
+
+
+def _counts(nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore]) -> dict[str, int]:
+    """What the record says the retrieval did before the judge: retrieved, and denied by the ACL."""
+    return {"retrieved": len(nodes), "denied": len(nodes) - len(authorized)}
 
 
 def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:

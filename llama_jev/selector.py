@@ -13,7 +13,7 @@ import contextvars
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from llama_jev.errors import CandidateTooLargeError, JevInvalidResponseError, MissingRuntimeContextError
@@ -114,6 +114,10 @@ class _Plan:
     requests: tuple[SystemOneRequest, ...]
     ids: tuple[dict[str, str], ...]
     count: int
+    # What the record says about the retrieval around the judgement (see DecisionRecord).
+    retrieved: int | None = None
+    denied: int | None = None
+    query_key: str | None = None
 
 
 class CandidateSelector:
@@ -242,6 +246,9 @@ class CandidateSelector:
             elapsed_ms=budget.elapsed_ms(),
             candidates=plan.count,
             requests=len(plan.requests),
+            retrieved=plan.retrieved,
+            denied=plan.denied,
+            query_key=plan.query_key,
             model=model,
             selected=selection.selected if selection else (),
             uncertain=selection.uncertain if selection else (),
@@ -284,24 +291,36 @@ class CandidateSelector:
         return Decision(status=Status.SKIPPED, reason=Reason.NO_CANDIDATES, selection=selection, record=record)
 
     def _start(
-        self, state: Instructions, question: str, candidates: Sequence[Candidate], ctx: RuntimeContext | None
+        self,
+        state: Instructions,
+        question: str,
+        candidates: Sequence[Candidate],
+        ctx: RuntimeContext | None,
+        retrieved: int | None,
+        denied: int | None,
     ) -> Decision | tuple[_Plan, Budget]:
         """A finished decision when nothing is to be asked (mode OFF, no candidate), else the plan."""
         if self.options.mode is Mode.OFF:
             return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
         budget = Budget(self.options.budget)
+        audit = {"retrieved": retrieved, "denied": denied, "query_key": self._query_key(state)}
         try:
-            plan = self._plan(state, question, candidates)
+            plan = replace(self._plan(state, question, candidates), **audit)
         except CandidateTooLargeError as error:
             # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
             # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
-            empty = _Plan(requests=(), ids=(), count=len(candidates))
+            empty = _Plan(requests=(), ids=(), count=len(candidates), **audit)
             record = self._record(empty, budget, Status.ERROR, Reason.CANDIDATE_TOO_LARGE)
             decision = Decision(Status.ERROR, Reason.CANDIDATE_TOO_LARGE, record=record, error=error)
             return self._observe(ctx, decision)
         if not plan.requests:
             return self._observe(ctx, self._skipped(plan, budget))
         return plan, budget
+
+    def _query_key(self, state: Instructions) -> str | None:
+        # The query is the state of a retrieval, or the "query" field of a structured state.
+        query = state.get("query") if isinstance(state, Mapping) else state
+        return self.options.query_key(query) if isinstance(query, str) else None
 
     def _observe(self, ctx: RuntimeContext | None, decision: Decision) -> Decision:
         observer = self.options.observer
@@ -316,16 +335,24 @@ class CandidateSelector:
     # --- sync -----------------------------------------------------------------------------
 
     def select(
-        self, state: Instructions, question: str, candidates: Sequence[Candidate], ctx: RuntimeContext | None = None
+        self,
+        state: Instructions,
+        question: str,
+        candidates: Sequence[Candidate],
+        ctx: RuntimeContext | None = None,
+        *,
+        retrieved: int | None = None,
+        denied: int | None = None,
     ) -> Decision:
         """Judge ``candidates`` against ``state`` (the query) with the yes/no ``question``.
 
         Never raises for a judge failure: that is a decision with status ``ERROR``. Raises
         ``ValueError`` for bad input (blank question or ids, duplicate ids, more than 1024
         candidates, a candidate too large for one request). In mode ``OFF`` nothing is asked and
-        nothing recorded.
+        nothing recorded. ``retrieved`` / ``denied`` (what the upstream retriever returned and the
+        ACL removed) are written into the record by the LlamaIndex components.
         """
-        started = self._start(state, question, candidates, ctx)
+        started = self._start(state, question, candidates, ctx, retrieved, denied)
         if isinstance(started, Decision):
             return started
         plan, budget = started
@@ -368,10 +395,17 @@ class CandidateSelector:
     # --- async ----------------------------------------------------------------------------
 
     async def aselect(
-        self, state: Instructions, question: str, candidates: Sequence[Candidate], ctx: RuntimeContext | None = None
+        self,
+        state: Instructions,
+        question: str,
+        candidates: Sequence[Candidate],
+        ctx: RuntimeContext | None = None,
+        *,
+        retrieved: int | None = None,
+        denied: int | None = None,
     ) -> Decision:
         """The async twin of :meth:`select`. A cancellation is recorded as ``CANCELLED`` and re-raised."""
-        started = self._start(state, question, candidates, ctx)
+        started = self._start(state, question, candidates, ctx, retrieved, denied)
         if isinstance(started, Decision):
             return started
         plan, budget = started

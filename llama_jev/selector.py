@@ -303,13 +303,13 @@ class CandidateSelector:
         if self.options.mode is Mode.OFF:
             return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
         budget = Budget(self.options.budget)
-        audit = {"retrieved": retrieved, "denied": denied, "query_key": self._query_key(state)}
+        key = self._query_key(state)
         try:
-            plan = replace(self._plan(state, question, candidates), **audit)
+            plan = replace(self._plan(state, question, candidates), retrieved=retrieved, denied=denied, query_key=key)
         except CandidateTooLargeError as error:
             # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
             # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
-            empty = _Plan(requests=(), ids=(), count=len(candidates), **audit)
+            empty = _Plan((), (), len(candidates), retrieved=retrieved, denied=denied, query_key=key)
             record = self._record(empty, budget, Status.ERROR, Reason.CANDIDATE_TOO_LARGE)
             decision = Decision(Status.ERROR, Reason.CANDIDATE_TOO_LARGE, record=record, error=error)
             return self._observe(ctx, decision)

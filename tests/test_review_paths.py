@@ -17,6 +17,7 @@ from llama_index.core.llms import MockLLM
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.tools import FunctionTool
+from llama_index.core.workflow import Context
 
 from llama_jev import (
     GROUNDED_QUESTION,
@@ -213,10 +214,12 @@ def agent(server: SystemOneTestServer, mode: Mode, model: SeedsLLM, records: lis
     return JevReviewedAgent(reviewer=reviewer(server, mode, records), tools=[knowledge_tool(server)], llm=model.llm)
 
 
-async def run_agent(agent: FunctionAgent, question: str = QUESTION) -> tuple[str, list[Any], BaseException | None]:
+async def run_agent(
+    agent: FunctionAgent, question: str = QUESTION, ctx: Context | None = None
+) -> tuple[str, list[Any], BaseException | None]:
     """The answer, every streamed event, and the exception the run ended with (if any)."""
     events: list[Any] = []
-    handler = agent.run(user_msg=question)
+    handler = agent.run(user_msg=question, ctx=ctx)
     try:
         async for event in handler.stream_events():
             events.append(event)
@@ -234,10 +237,17 @@ async def test_agent_answer_is_revised_to_keep_the_conditions_before_anyone_sees
 ) -> None:
     model = SeedsLLM()
     records: list[DecisionRecord] = []
+    reviewed = agent(server, Mode.ENFORCE, model, records)
+    ctx = Context(reviewed)
     with runtime_context(ALICE):
-        answer, events, error = await run_agent(agent(server, Mode.ENFORCE, model, records))
+        answer, events, error = await run_agent(reviewed, ctx=ctx)
     assert error is None
     assert answer == REVISION
+    # The conversation memory (what the next turn sees) holds the revision, not the draft.
+    memory = await ctx.store.get("memory")
+    remembered = [message.content or "" for message in await memory.aget()]
+    assert remembered[-1] == REVISION
+    assert not any(DRAFT in content for content in remembered)
     # The second model call received the refund policy from search_knowledge ...
     (tool_result,) = model.tool_results
     assert ACME_REFUND.node().get_content() in tool_result

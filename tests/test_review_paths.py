@@ -379,6 +379,7 @@ def test_search_knowledge_adds_what_it_returns_to_the_bound_collector(
 # --- the evaluator ---------------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:asyncio_module:DeprecationWarning")  # inside llama-index's BatchEvalRunner
 async def test_grounding_evaluator_runs_in_batch_eval_runner(server: SystemOneTestServer) -> None:
     policy = ACME_REFUND.node().get_content()
     evaluator = JevGroundingEvaluator(client(server))

@@ -7,6 +7,11 @@ exceptions are shown to an LLM, and records end up in logs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llama_jev.execution import DecisionRecord, Status
+
 __all__ = [
     "CandidateTooLargeError",
     "JevAPIError",
@@ -21,7 +26,9 @@ __all__ = [
     "JevRateLimitError",
     "JevServerError",
     "JevTimeoutError",
+    "EvidenceTooLargeError",
     "MissingRuntimeContextError",
+    "ResponseWithheldError",
     "RetrievalInconclusiveError",
     "RetrievalUnavailableError",
 ]
@@ -142,3 +149,54 @@ class RetrievalInconclusiveError(JevError):
     def __init__(self, message: str, *, uncertain: tuple[str, ...]) -> None:
         self.uncertain = uncertain
         super().__init__(message)
+
+
+class ResponseWithheldError(JevError):
+    """ENFORCE: the final answer was not published, because its review did not pass.
+
+    The draft (and any revision) failed the grounding question, stayed uncertain, had no evidence
+    to be checked against, could not be judged, or could not be revised. The message and the
+    attributes say which, never the answer, the evidence or the query.
+
+    Attributes:
+        reason: why, one of ``llama_jev.WithheldReason`` (``UNSUPPORTED``, ``UNCERTAIN``,
+            ``NO_EVIDENCE``, ``TIMEOUT``, ``CALL_OR_RESPONSE_ERROR``, ``CANDIDATE_TOO_LARGE``,
+            ``REVISION_FAILED``, ``REVISION_EMPTY``, ``REVISION_HAS_TOOL_CALLS``).
+        status: the ``Status`` of the last judgement (``decided``, ``inconclusive``, ``error``,
+            ``skipped`` when no judge was asked), or ``None`` when none was recorded.
+        probability: the last probability the judge gave, if any.
+        revisions: how many revisions were asked of the LLM.
+        retryable: whether asking again may succeed (a judge timeout, 429 or 5xx; an LLM
+            timeout), as opposed to a verdict on the answer.
+        status_code: the judge's HTTP status when the judge failed with one.
+        record: the last ``DecisionRecord`` (ids and probabilities only), if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        status: Status | None = None,
+        probability: float | None = None,
+        revisions: int = 0,
+        retryable: bool = False,
+        status_code: int | None = None,
+        record: DecisionRecord | None = None,
+    ) -> None:
+        self.reason = reason
+        self.status = status
+        self.probability = probability
+        self.revisions = revisions
+        self.retryable = retryable
+        self.status_code = status_code
+        self.record = record
+        super().__init__(message)
+
+
+class EvidenceTooLargeError(ResponseWithheldError, CandidateTooLargeError):
+    """The evidence and the draft do not fit in one System One request, so the draft cannot be reviewed.
+
+    Nothing is truncated: pass fewer or smaller passages (a smaller ``top_k``, smaller nodes).
+    Raised in ENFORCE (the answer is withheld); SHADOW keeps the draft and records the ``ERROR``.
+    """

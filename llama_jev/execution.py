@@ -76,6 +76,8 @@ class Reason(str, Enum):
     CALL_OR_RESPONSE_ERROR = "CALL_OR_RESPONSE_ERROR"
     CANDIDATE_TOO_LARGE = "CANDIDATE_TOO_LARGE"
     CANCELLED = "CANCELLED"
+    NO_EVIDENCE = "NO_EVIDENCE"
+    """A draft review with no evidence: the draft fails without asking the judge."""
 
 
 class DecisionRecord(BaseModel):

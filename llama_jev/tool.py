@@ -7,6 +7,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools import FunctionTool
 
 from llama_jev.context import current_runtime_context
+from llama_jev.evidence import record_evidence
 
 __all__ = ["TOOL_DESCRIPTION", "TOOL_NAME", "JevKnowledgeTool"]
 
@@ -25,7 +26,9 @@ class JevKnowledgeTool:
     The model sees one parameter, ``query``. Who is asking comes from the :class:`RuntimeContext`
     bound around the agent's ``run()``, never from tool arguments, so a model cannot search as
     somebody else. A judge failure or an inconclusive judgement is raised, which agents show the
-    model as a tool error, never as an empty result.
+    model as a tool error, never as an empty result. The passages it returns are added to the
+    evidence collector bound for the run (see :func:`~llama_jev.collect_evidence`), which is what
+    :class:`~llama_jev.JevReviewedAgent` reviews the final answer against.
 
     Example:
         >>> tool = JevKnowledgeTool(jev_retriever, top_k=5).as_tool()  # doctest: +SKIP
@@ -55,7 +58,10 @@ class JevKnowledgeTool:
         return self._passages(await self.retriever.aretrieve(query))
 
     def _passages(self, nodes: list[NodeWithScore]) -> list[dict[str, str]]:
-        return [{"id": node.node.node_id, "text": node.node.get_content()} for node in nodes[: self.top_k]]
+        returned = nodes[: self.top_k]
+        # What the model is shown is the evidence its answer is reviewed against (JevReviewedAgent).
+        record_evidence(returned)
+        return [{"id": node.node.node_id, "text": node.node.get_content()} for node in returned]
 
     def as_tool(self) -> FunctionTool:
         """The LlamaIndex ``FunctionTool`` named ``search_knowledge`` (sync and async)."""

@@ -23,8 +23,10 @@ from llama_jev.errors import (
     JevServerError,
     JevTimeoutError,
     MissingRuntimeContextError,
+    QueryTooLargeError,
     RetrievalInconclusiveError,
     RetrievalUnavailableError,
+    UnencodableTextError,
 )
 from llama_jev.execution import Decision, DecisionRecord, ExecutionOptions, Mode, Observer, Reason, Selection, Status
 from llama_jev.judge import AnswerFunction, Judge, ScriptedJudge
@@ -87,6 +89,7 @@ __all__ = [
     "NoulCriteria",
     "NoulQuestion",
     "Observer",
+    "QueryTooLargeError",
     "Reason",
     "RetrievalInconclusiveError",
     "RetrievalUnavailableError",
@@ -99,6 +102,7 @@ __all__ = [
     "Status",
     "SystemOneRequest",
     "SystemOneResult",
+    "UnencodableTextError",
     "Usage",
     "__version__",
     "check_acl",

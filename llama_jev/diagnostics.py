@@ -24,6 +24,8 @@ logger = logging.getLogger("llama_jev.acl")
 _WARNED: set[tuple[str, ...]] = set()
 _LOCK = threading.Lock()
 _MAX_KEYS_SHOWN = 20
+# Keys LlamaIndex itself adds to stored metadata: naming them would only hide the user's keys.
+_INTERNAL_KEYS = frozenset({"doc_id", "document_id", "ref_doc_id"})
 
 
 def reset_warnings() -> None:
@@ -52,10 +54,10 @@ def missing_everywhere(acl: MetadataAcl, metadatas: Iterable[Mapping[str, Any]])
 
 def warn_keys_absent(missing: Sequence[str], where: str, present: Iterable[str] = ()) -> None:
     """Log, once per key set, that no node in ``where`` holds ``missing``, so the ACL denies them all."""
-    shown = sorted(set(present))[:_MAX_KEYS_SHOWN]
+    shown = sorted({key for key in present if not key.startswith("_") and key not in _INTERNAL_KEYS})[:_MAX_KEYS_SHOWN]
     _warn_once(
         ("missing", *sorted(missing)),
-        "MetadataAcl denied every node: none of %s has the configured metadata key(s) %s, so no caller "
+        "MetadataAcl denied every node: not one of %s holds the configured metadata key(s) %s, so no caller "
         "can read them; check the key names%s",
         where,
         ", ".join(repr(key) for key in sorted(missing)),
@@ -74,9 +76,8 @@ def diagnose_denials(
         _warn_once(
             ("no-tenant", acl.tenant_key),
             "MetadataAcl checks tenant_key %r but the caller's RuntimeContext has no tenant_id, so every "
-            "node is denied (%d retrieved); set tenant_id when binding the identity",
+            "node is denied; set tenant_id when binding the identity",
             acl.tenant_key,
-            len(metadatas),
         )
         return
     if not metadatas or authorized:

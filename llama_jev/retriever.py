@@ -237,7 +237,7 @@ class JevRetriever(BaseRetriever):
             stored = [metadata[node_id] for node_id in ids if node_id in metadata]
             missing = missing_everywhere(self.acl, stored)
             if missing:
-                present = (key for entry in stored for key in entry if not key.startswith("_"))
+                present = (key for entry in stored for key in entry)
                 warn_keys_absent(missing, f"the {len(ids)} nodes in the store", present)
         return readable
 

@@ -251,6 +251,8 @@ class JevRetriever(BaseRetriever):
         store = self.retriever._vector_store  # type: ignore[attr-defined]
         if not isinstance(self.acl, MetadataAcl) or getattr(store, "_client", None) is None:
             return
+        if not store.get_nodes(limit=1):
+            return  # an empty collection: nothing was denied
         missing = tuple(
             key
             for key in self.acl.keys

@@ -370,11 +370,12 @@ class CandidateSelector:
     ) -> Decision:
         """Judge ``candidates`` against ``state`` (the query) with the yes/no ``question``.
 
-        Never raises for a judge failure: that is a decision with status ``ERROR``. Raises
-        ``ValueError`` for bad input (blank question or ids, duplicate ids, more than 1024
-        candidates, a candidate too large for one request). In mode ``OFF`` nothing is asked and
-        nothing recorded. ``retrieved`` / ``denied`` (what the upstream retriever returned and the
-        ACL removed) are written into the record by the LlamaIndex components.
+        Never raises for a judge failure: that is a decision with status ``ERROR``, as is text the
+        judge cannot take (``CANDIDATE_TOO_LARGE``, ``QUERY_TOO_LARGE``, ``UNENCODABLE_TEXT``).
+        Raises ``ValueError`` for bad input (a blank query, question or id, duplicate ids, more
+        than 1024 candidates). In mode ``OFF`` nothing is asked and nothing recorded.
+        ``retrieved`` / ``denied`` (what the upstream retriever returned and the ACL removed) are
+        written into the record by the LlamaIndex components.
         """
         started = self._start(state, question, candidates, ctx, retrieved, denied)
         if isinstance(started, Decision):

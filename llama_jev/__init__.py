@@ -25,9 +25,11 @@ from llama_jev.errors import (
     JevServerError,
     JevTimeoutError,
     MissingRuntimeContextError,
+    QueryTooLargeError,
     ResponseWithheldError,
     RetrievalInconclusiveError,
     RetrievalUnavailableError,
+    UnencodableTextError,
 )
 from llama_jev.evaluation import JevGroundingEvaluator
 from llama_jev.evidence import EvidenceCollector, collect_evidence
@@ -103,6 +105,7 @@ __all__ = [
     "NoulCriteria",
     "NoulQuestion",
     "Observer",
+    "QueryTooLargeError",
     "Reason",
     "ResponseWithheldError",
     "RetrievalInconclusiveError",
@@ -118,6 +121,7 @@ __all__ = [
     "Status",
     "SystemOneRequest",
     "SystemOneResult",
+    "UnencodableTextError",
     "Usage",
     "WithheldReason",
     "__version__",

@@ -29,8 +29,10 @@ __all__ = [
     "EvidenceTooLargeError",
     "MissingRuntimeContextError",
     "ResponseWithheldError",
+    "QueryTooLargeError",
     "RetrievalInconclusiveError",
     "RetrievalUnavailableError",
+    "UnencodableTextError",
 ]
 
 
@@ -124,6 +126,23 @@ class CandidateTooLargeError(JevError, ValueError):
     """
 
 
+class QueryTooLargeError(JevError, ValueError):
+    """The query alone (with the question) takes more of a System One request than there is room for.
+
+    Nothing is truncated: shorten the query, or raise the selector's ``max_request_tokens`` if
+    your server allows it. The candidates are not at fault.
+    """
+
+
+class UnencodableTextError(JevError, ValueError):
+    """The query or a candidate's text cannot be encoded as UTF-8 (a lone surrogate).
+
+    Lone surrogates appear when broken emoji escapes (``"\\ud83d"`` without its pair) are decoded;
+    no server can be sent such text. Repair it where it is decoded or ingested. The message names
+    the node id (or says "the query"), never the text.
+    """
+
+
 class MissingRuntimeContextError(JevError, LookupError):
     """No ``RuntimeContext`` is bound and none was passed: there is no implicit identity."""
 
@@ -131,12 +150,40 @@ class MissingRuntimeContextError(JevError, LookupError):
 class RetrievalUnavailableError(JevError):
     """ENFORCE could not judge the candidates (timeout, HTTP error after retries, invalid answer).
 
-    This is not "no evidence": the knowledge base may well hold the answer. ``reason`` is the
-    decision record's reason (``TIMEOUT`` or ``CALL_OR_RESPONSE_ERROR``).
+    This is not "no evidence": the knowledge base may well hold the answer. The message says
+    what failed and whether a retry can help; the same facts are attributes:
+
+    Attributes:
+        reason: the decision record's reason (``TIMEOUT``, ``CALL_OR_RESPONSE_ERROR``,
+            ``CANDIDATE_TOO_LARGE``, ``QUERY_TOO_LARGE``, ``UNENCODABLE_TEXT``).
+        status_code: the judge's HTTP status, or ``None`` (no response, a local judge, bad data).
+        retryable: whether asking again can help (timeouts, 408, 429, 529, 5xx, connection
+            failures); ``False`` for a wrong key (401/403), a rejected request (400/422/404), a bad
+            configuration or data the judge cannot take.
+        error_type: the class name of the underlying error (``JevAuthenticationError``, ...).
+
+    Example::
+
+        try:
+            nodes = retriever.retrieve("What are the refund conditions?")
+        except RetrievalUnavailableError as error:
+            if error.retryable:
+                ...  # try again later, or answer "the search is unavailable right now"
     """
 
-    def __init__(self, message: str, *, reason: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        status_code: int | None = None,
+        retryable: bool = False,
+        error_type: str | None = None,
+    ) -> None:
         self.reason = reason
+        self.status_code = status_code
+        self.retryable = retryable
+        self.error_type = error_type
         super().__init__(message)
 
 

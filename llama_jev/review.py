@@ -96,7 +96,7 @@ class WithheldReason(str, Enum):
     """The judge did not answer within the budget (retry may help)."""
     CALL_OR_RESPONSE_ERROR = "CALL_OR_RESPONSE_ERROR"
     """The judge call failed (HTTP error after retries, invalid answer)."""
-    CANDIDATE_TOO_LARGE = "CANDIDATE_TOO_LARGE"
+    EVIDENCE_TOO_LARGE = "EVIDENCE_TOO_LARGE"
     """The evidence and the draft do not fit in one request (:class:`~llama_jev.EvidenceTooLargeError`)."""
     REVISION_FAILED = "REVISION_FAILED"
     """The LLM raised while revising."""
@@ -292,7 +292,7 @@ class DraftReviewer:
         text: str | None = None,
     ) -> ReviewOutcome:
         """SHADOW: the draft, marked as what ENFORCE would withhold. ENFORCE: raise withheld."""
-        too_large = reason is WithheldReason.CANDIDATE_TOO_LARGE
+        too_large = reason is WithheldReason.EVIDENCE_TOO_LARGE
         if self.mode is Mode.SHADOW:
             if too_large:
                 logger.warning(
@@ -482,8 +482,9 @@ def _verdict(decision: Decision, candidate_id: str) -> WithheldReason | None:
     if decision.status is Status.ERROR:
         if decision.reason is Reason.TIMEOUT:
             return WithheldReason.TIMEOUT
-        if decision.reason is Reason.CANDIDATE_TOO_LARGE:
-            return WithheldReason.CANDIDATE_TOO_LARGE
+        if decision.reason in (Reason.CANDIDATE_TOO_LARGE, Reason.QUERY_TOO_LARGE):
+            # The evidence travels in the request's state: the selector calls that the query.
+            return WithheldReason.EVIDENCE_TOO_LARGE
         return WithheldReason.CALL_OR_RESPONSE_ERROR
     selection = decision.selection
     if selection is not None and candidate_id in selection.selected:

@@ -7,6 +7,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools import FunctionTool
 
 from llama_jev.context import current_runtime_context
+from llama_jev.errors import MissingRuntimeContextError
 from llama_jev.evidence import record_evidence
 
 __all__ = ["TOOL_DESCRIPTION", "TOOL_NAME", "JevKnowledgeTool"]
@@ -48,13 +49,13 @@ class JevKnowledgeTool:
     def search(self, query: str) -> list[dict[str, str]]:
         """Passages relevant to ``query`` that the bound identity may read: ``[{"id", "text"}]``."""
         _check_query(query)
-        current_runtime_context()  # no bound identity: fail here, before any retrieval
+        _require_identity()  # no bound identity: fail here, before any retrieval
         return self._passages(self.retriever.retrieve(query))
 
     async def asearch(self, query: str) -> list[dict[str, str]]:
         """Async :meth:`search`."""
         _check_query(query)
-        current_runtime_context()
+        _require_identity()
         return self._passages(await self.retriever.aretrieve(query))
 
     def _passages(self, nodes: list[NodeWithScore]) -> list[dict[str, str]]:
@@ -67,6 +68,23 @@ class JevKnowledgeTool:
         """The LlamaIndex ``FunctionTool`` named ``search_knowledge`` (sync and async)."""
         return FunctionTool.from_defaults(
             fn=self.search, async_fn=self.asearch, name=TOOL_NAME, description=TOOL_DESCRIPTION
+        )
+
+
+def _require_identity() -> None:
+    try:
+        current_runtime_context()
+    except MissingRuntimeContextError:
+        missing = True
+    else:
+        missing = False
+    if missing:
+        # Raised outside the except block: the generic error would only repeat "wrap the call",
+        # which a user binding after agent.run() started believes they did.
+        raise MissingRuntimeContextError(
+            f"{TOOL_NAME} ran with no RuntimeContext bound. An agent's tools see the identity bound "
+            "when agent.run() was called: bind it before run() starts "
+            "(`with runtime_context(ctx): handler = agent.run(...)`, then await the handler), not after."
         )
 
 

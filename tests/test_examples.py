@@ -369,6 +369,11 @@ def test_python_m_examples_refund_policy_runs_offline_without_a_key(tmp_path: Pa
     assert "Refunds are available for unused items returned within seven days" in alice
     assert COMPENSATION.text[:40] not in alice
     assert "Globex" not in alice
+    # What the ACL removed for alice, by key and node id only, and why the modes judge different counts.
+    assert "ACL: alice may read 4 of 7 documents" in alice
+    assert f"{COMPENSATION.key} (node {COMPENSATION.node_id[:8]}...)" in alice
+    assert "SHADOW judges only the up to top_k=3" in alice
+    assert "ENFORCE recalls max(candidate_limit=20, top_k=3)" in alice
     assert "store credit" in _section(first.stdout, SAM)
 
     # The query step alone reopens what the first run built.

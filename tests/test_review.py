@@ -357,7 +357,7 @@ def test_evidence_larger_than_one_request_is_a_typed_error_never_truncated(
     assert POLICY not in str(error)
     assert server.request_count == 0
     (record,) = records
-    assert (record.status, record.reason) == (Status.ERROR, Reason.CANDIDATE_TOO_LARGE)
+    assert (record.status, record.reason) == (Status.ERROR, Reason.QUERY_TOO_LARGE)
 
 
 def test_shadow_keeps_the_draft_when_the_evidence_is_too_large(
@@ -366,7 +366,7 @@ def test_shadow_keeps_the_draft_when_the_evidence_is_too_large(
     with caplog.at_level(logging.WARNING, logger="llama_jev"):
         outcome = reviewer(server, Mode.SHADOW).review(QUERY, DRAFT, evidence(POLICY * 3000))
     assert outcome.text == DRAFT
-    assert outcome.reason is WithheldReason.CANDIDATE_TOO_LARGE
+    assert outcome.reason is WithheldReason.EVIDENCE_TOO_LARGE
     assert "the evidence (1 passages" in caplog.text
     assert POLICY not in caplog.text
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -152,6 +153,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"report: {args.report}")
     return report.exit_code
 
+
+class _CallableModule(types.ModuleType):
+    """``llama_jev.calibrate`` names both this CLI module and the ``calibrate`` function exported by
+    ``llama_jev``. Importing the module rebinds the package attribute to the module, so the module
+    is made callable as the function: ``llama_jev.calibrate(records, labels)`` works either way."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> CalibrationReport:
+        return calibrate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())

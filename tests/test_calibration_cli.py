@@ -168,3 +168,12 @@ def test_bad_flag_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--records", "r", "--labels", "l", "--holdout", "1.5"])
     assert stopped.value.code == 2
     assert "--holdout" in capsys.readouterr().err
+
+
+def test_the_top_level_calibrate_still_works_after_the_cli_module_is_imported() -> None:
+    import llama_jev
+    import llama_jev.calibrate as cli_module
+
+    records, labels = overconfident_log(10, seed=25)
+    assert callable(cli_module)
+    assert llama_jev.calibrate(records, labels, target_precision=0.5, min_npv=0.5).labels == 80

@@ -2,6 +2,8 @@
 
 - :func:`calibrate` joins decision records and labels, chooses ``reject`` / ``accept`` on one
   split and measures them on another (CLI: ``python -m llama_jev.calibrate``);
+- :func:`collect` / :func:`acollect` (a golden set through a SHADOW retriever) and
+  :func:`write_label_sheet` (a sheet sampled from SHADOW records) produce the labels;
 - :class:`PlattMapping`, :class:`IsotonicMapping` and :class:`CalibratedJudge` fix a judge whose
   raw probabilities are off.
 
@@ -12,6 +14,7 @@ Example:
 """
 
 from llama_jev.calibration.analysis import MIN_LABELS, MIN_PER_CLASS, calibrate
+from llama_jev.calibration.collect import Collected, GoldenQuery, acollect, collect
 from llama_jev.calibration.mapping import (
     CalibratedJudge,
     IsotonicMapping,
@@ -31,6 +34,7 @@ from llama_jev.calibration.records import (
     load_records,
 )
 from llama_jev.calibration.report import CalibrationReport, RecommendedThresholds
+from llama_jev.calibration.sheet import LabelSheet, fetch_texts, write_label_sheet
 from llama_jev.calibration.statistics import (
     brier_score,
     expected_calibration_error,
@@ -44,17 +48,23 @@ __all__ = [
     "CalibratedJudge",
     "CalibrationInputError",
     "CalibrationReport",
+    "Collected",
+    "GoldenQuery",
     "InsufficientLabelsError",
     "IsotonicMapping",
     "Label",
+    "LabelSheet",
     "LoggedDecision",
     "MixedRecordsError",
     "PlattMapping",
     "ProbabilityMapping",
     "RecommendedThresholds",
+    "acollect",
     "brier_score",
     "calibrate",
+    "collect",
     "expected_calibration_error",
+    "fetch_texts",
     "fit_isotonic",
     "fit_platt",
     "load_labels",
@@ -62,4 +72,5 @@ __all__ = [
     "mapping_from_dict",
     "reliability_table",
     "wilson_lower_bound",
+    "write_label_sheet",
 ]

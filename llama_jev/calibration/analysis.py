@@ -128,13 +128,13 @@ def calibrate(
             f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "
             f"calibration split ({len(calibration)} labels)"
             + (f"; the best is {best.precision_lower:.3f} at accept={best.accept:.2f}" if best else "")
-            + ": label more data, lower --target-precision, or use a better-separating judge"
+            + ": label more data, lower the precision target, or use a better-separating judge"
         )
     elif reject_row is None:
         reason = (
             f"accept={accept_row.accept:.2f} meets the precision target, but no reject threshold below it "
             f"reaches a 95% lower bound on NPV of {min_npv:g} on the calibration split: label more "
-            "irrelevant examples or lower --min-npv"
+            "irrelevant examples or lower the NPV target"
         )
     else:
         recommended = RecommendedThresholds(reject=reject_row.reject, accept=accept_row.accept)

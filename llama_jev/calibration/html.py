@@ -11,9 +11,11 @@ if TYPE_CHECKING:
 
 __all__ = ["render_report"]
 
-_WIDTH, _HEIGHT = 520, 420
-# the bottom margin holds the x-axis label and, under it, the legend (two columns, up to 3 rows)
-_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 16, 28, 112
+_WIDTH, _PLOT_HEIGHT = 520, 280
+# Under the plot: tick labels and the x-axis label (58 px), then the legend, one row per 18 px.
+_LEFT, _RIGHT, _TOP, _UNDER, _LEGEND_ROW = 56, 16, 28, 58, 18
+# Legend labels longer than this get a row each; shorter ones share a row two by two.
+_SHORT_LABEL = 26
 _BLUE, _ORANGE, _GREY, _GREEN, _RED = "#1f6fb2", "#d9731a", "#8a8f98", "#2e8540", "#b3261e"
 
 _STYLE = """
@@ -52,7 +54,8 @@ class _Plot:
     def __init__(self, x_label: str, y_label: str) -> None:
         self.parts: list[str] = []
         self.width = _WIDTH - _LEFT - _RIGHT
-        self.height = _HEIGHT - _TOP - _BOTTOM
+        self.height = _PLOT_HEIGHT
+        self.total_height = _TOP + _PLOT_HEIGHT + _UNDER
         self._axes(x_label, y_label)
 
     def x(self, value: float) -> float:
@@ -107,11 +110,13 @@ class _Plot:
 
     def legend(self, entries: Sequence[tuple[str, str, str]]) -> None:
         # Under the plot, outside it, so it never hides a curve.
-        top = self.y(0) + 58
-        column = self.width / 2
+        top = self.y(0) + _UNDER
+        columns = 2 if all(len(label) <= _SHORT_LABEL for label, _, _ in entries) else 1
+        rows = -(-len(entries) // columns)
+        self.total_height = _TOP + _PLOT_HEIGHT + _UNDER + rows * _LEGEND_ROW
         for i, (label, color, dash) in enumerate(entries):
-            x0 = _LEFT + (i % 2) * column
-            y = top + (i // 2) * 18
+            x0 = _LEFT + (i % columns) * self.width / 2
+            y = top + (i // columns) * _LEGEND_ROW
             if dash == "band":
                 self.parts.append(
                     f'<rect x="{x0:.1f}" y="{y - 6:.1f}" width="22" height="11" fill="{color}" fill-opacity="0.3"/>'
@@ -126,8 +131,8 @@ class _Plot:
 
     def svg(self, title: str) -> str:
         return (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
-            f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="{escape(title)}">'
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{self.total_height}" '
+            f'viewBox="0 0 {_WIDTH} {self.total_height}" role="img" aria-label="{escape(title)}">'
             f"<title>{escape(title)}</title>" + "".join(self.parts) + "</svg>"
         )
 
@@ -195,7 +200,7 @@ def _npv_svg(report: CalibrationReport) -> str:
         plot.vertical(report.recommended.reject, _RED, f"reject {report.recommended.reject:.2f}")
     plot.legend(
         [
-            ("NPV (share irrelevant of rejected)", _BLUE, ""),
+            ("NPV: share irrelevant among the rejected", _BLUE, ""),
             ("95% Wilson band", _BLUE, "band"),
             ("share rejected", _ORANGE, ""),
             (f"target NPV {target:g}", _RED, "6 4"),

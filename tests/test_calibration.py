@@ -255,6 +255,7 @@ def test_labels_by_query_join_through_the_query_key(monkeypatch: pytest.MonkeyPa
     report = calibrate(records, labels, target_precision=0.8, min_npv=0.9, query_key_secret=SECRET)
     assert report.labels == 800
     assert report.split.unit == "query"
+    assert "held-out queries" in report.to_html()
     monkeypatch.setenv(QUERY_KEY_SECRET_ENVIRONMENT, SECRET)
     assert calibrate(records, labels, target_precision=0.8, min_npv=0.9) == report
 

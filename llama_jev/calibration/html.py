@@ -309,7 +309,8 @@ def _holdout_section(report: CalibrationReport) -> str:
     return (
         f"<h2>What the recommendation did on held-out data</h2>"
         f'<p class="muted">{held.labels} labelled candidates in {report.split.holdout_groups} '
-        f"held-out {escape(report.split.unit)}s; split by {escape(report.split.unit)} with seed "
+        f"held-out {'queries' if report.split.unit == 'query' else 'decisions'}; split by "
+        f"{escape(report.split.unit)} with seed "
         f"{report.split.seed}, never by candidate.</p>{cards}"
     )
 

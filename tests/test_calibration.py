@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from llama_jev import Status
+from llama_jev import (
+    RELEVANCE_QUESTION,
+    Candidate,
+    CandidateSelector,
+    ExecutionOptions,
+    JsonlObserver,
+    Mode,
+    RuntimeContext,
+    ScriptedJudge,
+    Status,
+)
 from llama_jev.calibration import (
     CalibrationInputError,
     CalibrationReport,
@@ -34,6 +44,7 @@ from llama_jev.calibration.statistics import (
 from llama_jev.execution import QUERY_KEY_SECRET_ENVIRONMENT, query_key
 
 from .calibration_support import SECRET, overconfident_log, record, write_jsonl
+from .support import marked, marked_answer
 
 # --- statistics against hand-computed values --------------------------------------------------
 
@@ -439,3 +450,30 @@ def test_a_filled_csv_sheet_reads_as_labels(tmp_path: Path) -> None:
     report = calibrate(records, _write(tmp_path / "sheet.csv", rows))
     assert report.labels == 60
     assert report.relevant == 30
+
+
+# --- real records ---------------------------------------------------------------------------------
+
+
+def test_a_log_written_by_the_selector_and_jsonl_observer_calibrates(tmp_path: Path) -> None:
+    log = tmp_path / "decisions.jsonl"
+    options = ExecutionOptions(
+        mode=Mode.SHADOW, observer=JsonlObserver(log, include_user=True), query_key_secret=SECRET
+    )
+    selector = CandidateSelector(ScriptedJudge(marked_answer), options)
+    rng = random.Random(12)
+    labels = []
+    for q in range(40):
+        query = f"Question number {q}?"
+        candidates = []
+        for i in range(4):
+            p = round(rng.random(), 2)
+            candidates.append(Candidate(f"q{q}-n{i}", marked(p, "passage")))
+            # the label names the query text, not the decision: joined through query_key
+            labels.append({"query": query.upper(), "node_id": f"q{q}-n{i}", "relevant": rng.random() < p})
+        selector.select(query, RELEVANCE_QUESTION, candidates, ctx=RuntimeContext(user_id="u1"))
+    assert "Question number" not in log.read_text()  # the log never holds the query
+    report = calibrate(log, labels, target_precision=0.6, min_npv=0.6, query_key_secret=SECRET)
+    assert report.labels == 160
+    assert report.split.unit == "query"
+    assert report.log.records == 40

@@ -117,7 +117,9 @@ class _Plot:
         for i, (label, color, dash) in enumerate(entries):
             x0 = _LEFT + (i % columns) * self.width / 2
             y = top + (i // columns) * _LEGEND_ROW
-            if dash == "band":
+            if dash == "dot":
+                self.parts.append(f'<circle cx="{x0 + 11:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"/>')
+            elif dash == "band":
                 self.parts.append(
                     f'<rect x="{x0:.1f}" y="{y - 6:.1f}" width="22" height="11" fill="{color}" fill-opacity="0.3"/>'
                 )
@@ -158,7 +160,7 @@ def _reliability_svg(report: CalibrationReport) -> str:
         [
             ("perfectly calibrated", _GREY, "6 4"),
             ("share relevant per bin", _BLUE, "band"),
-            ("mean p in the bin", _ORANGE, ""),
+            ("mean p in the bin", _ORANGE, "dot"),
         ]
     )
     return plot.svg("Reliability diagram")

@@ -110,6 +110,17 @@ def test_sweeps_count_boundaries_inclusively() -> None:
     assert reject[0.2].rejected == 1  # p == reject is rejected
 
 
+def test_sweeps_match_a_direct_count() -> None:
+    rng = random.Random(3)
+    pairs = [(round(rng.random(), 2), rng.random() < 0.4) for _ in range(500)]
+    for row in sweep_accept(pairs):
+        chosen = [y for p, y in pairs if p >= row.accept]
+        assert (row.selected, row.precision) == (len(chosen), sum(chosen) / len(chosen))
+    for row in sweep_reject(pairs):
+        chosen = [y for p, y in pairs if p <= row.reject]
+        assert (row.rejected, row.npv) == (len(chosen), (len(chosen) - sum(chosen)) / len(chosen))
+
+
 def test_accept_is_the_lowest_threshold_whose_lower_bound_meets_the_target() -> None:
     rng = random.Random(5)
     pairs = [(p, rng.random() < p) for p in (rng.random() for _ in range(3000))]
@@ -418,6 +429,7 @@ def test_duplicate_decision_ids_are_refused(tmp_path: Path) -> None:
     ("label", "problem"),
     [
         ({"decision_id": "d0", "node_id": "n", "relevant": "yes"}, "'relevant' must be true or false"),
+        ({"decision_id": "d0", "node_id": "n", "relevant": 2}, "'relevant' must be true or false"),
         ({"decision_id": "d0", "relevant": True}, "'node_id' must be a non-empty string"),
         ({"node_id": "n", "relevant": True}, "needs 'decision_id'"),
     ],

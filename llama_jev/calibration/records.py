@@ -230,6 +230,8 @@ def load_records(records: RecordsInput) -> list[LoggedDecision]:
 def _relevant(value: Any, *, text: bool) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int) and value in (0, 1):  # 1 / 0 say the same as true / false
+        return value == 1
     if text and isinstance(value, str):  # CSV cells are text; JSON must use true / false
         lowered = value.strip().lower()
         if lowered in {"true", "yes", "1", "y"}:

@@ -7,6 +7,7 @@ recommendation reads like a setting (0.83), not like a sample value (0.8271...).
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Iterable, Sequence
@@ -97,41 +98,54 @@ def sweep_accept(pairs: Sequence[Pair], grid: Iterable[float] = GRID) -> list[Ac
         >>> [(r.accept, r.selected, r.precision) for r in rows]
         [(0.5, 2, 0.5), (0.8, 1, 1.0)]
     """
-    relevant_total = sum(1 for _, y in pairs if y)
+    ps, hits_below = _sorted_counts(pairs)
+    relevant_total = hits_below[-1]
     rows = []
     for threshold in grid:
-        selected = [y for p, y in pairs if p >= threshold]
+        first = bisect.bisect_left(ps, threshold)  # p >= threshold from here on
+        selected = len(ps) - first
         if not selected:
             continue
-        hits = sum(selected)
+        hits = relevant_total - hits_below[first]
         rows.append(
             AcceptRow(
                 accept=threshold,
-                selected=len(selected),
-                precision=hits / len(selected),
-                precision_lower=wilson_lower_bound(hits, len(selected)),
+                selected=selected,
+                precision=hits / selected,
+                precision_lower=wilson_lower_bound(hits, selected),
                 recall=hits / relevant_total if relevant_total else 0.0,
-                coverage=len(selected) / len(pairs),
+                coverage=selected / len(ps),
             )
         )
     return rows
 
 
+def _sorted_counts(pairs: Sequence[Pair]) -> tuple[list[float], list[int]]:
+    """Probabilities ascending, and how many of the first ``i`` are relevant (for every ``i``):
+    each threshold then costs one binary search instead of a pass over the pairs."""
+    ordered = sorted(pairs, key=lambda pair: pair[0])
+    hits_below = [0]
+    for _, relevant in ordered:
+        hits_below.append(hits_below[-1] + (1 if relevant else 0))
+    return [p for p, _ in ordered], hits_below
+
+
 def sweep_reject(pairs: Sequence[Pair], grid: Iterable[float] = GRID) -> list[RejectRow]:
     """One row per threshold that rejects at least one pair."""
+    ps, hits_below = _sorted_counts(pairs)
     rows = []
     for threshold in grid:
-        rejected = [y for p, y in pairs if p <= threshold]
+        rejected = bisect.bisect_right(ps, threshold)  # p <= threshold up to here
         if not rejected:
             continue
-        negatives = len(rejected) - sum(rejected)
+        negatives = rejected - hits_below[rejected]
         rows.append(
             RejectRow(
                 reject=threshold,
-                rejected=len(rejected),
-                npv=negatives / len(rejected),
-                npv_lower=wilson_lower_bound(negatives, len(rejected)),
-                coverage=len(rejected) / len(pairs),
+                rejected=rejected,
+                npv=negatives / rejected,
+                npv_lower=wilson_lower_bound(negatives, rejected),
+                coverage=rejected / len(ps),
             )
         )
     return rows

@@ -53,7 +53,7 @@ def test_golden_set_labels_every_readable_passage_for_every_user(index: Any, tmp
 
 def test_a_careful_judge_is_calibrated_and_enforced(index: Any, tmp_path: Path) -> None:
     lines: list[str] = []
-    assert example.steps(index, ScriptedJudge(careful_answer), tmp_path, say=lines.append) == 0
+    assert example.steps(index, ScriptedJudge(careful_answer), tmp_path, say=lines.append)
     output = "\n".join(lines)
     assert "Recommended  : reject = " in output
     assert "3. ENFORCE with reject=" in output
@@ -73,7 +73,7 @@ def test_a_careful_judge_is_calibrated_and_enforced(index: Any, tmp_path: Path) 
 
 def test_the_keyword_rule_does_not_earn_enforce(index: Any, tmp_path: Path) -> None:
     lines: list[str] = []
-    assert example.steps(index, ScriptedJudge(models.keyword_answer), tmp_path, say=lines.append) == 1
+    assert not example.steps(index, ScriptedJudge(models.keyword_answer), tmp_path, say=lines.append)
     output = "\n".join(lines)
     assert "3. Stay in SHADOW" in output
     assert "ENFORCE with" not in output
@@ -87,10 +87,11 @@ def test_python_m_examples_refund_policy_calibrate_runs_offline(
         monkeypatch.delenv(name, raising=False)
     code = example.main(["--storage", str(tmp_path / "qdrant"), "--out", str(tmp_path / "out")])
     output = capsys.readouterr().out
-    assert code in (0, 1), output  # 1: the offline judge did not earn ENFORCE on the golden set
+    assert code == 0, output
     assert "1. SHADOW" in output
     assert "2. Calibrate" in output
-    assert ("3. ENFORCE" in output) == (code == 0)
+    # which way step 3 goes depends on the offline judge installed; it goes exactly one way
+    assert ("3. ENFORCE with" in output) != ("3. Stay in SHADOW" in output)
     assert (tmp_path / "out" / "report.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     records = (tmp_path / "out" / "records.jsonl").read_text().splitlines()
     assert len(records) == len(GOLDEN) * len(kb.USERS)

@@ -6,7 +6,7 @@ per authorized candidate -> order by probability -> limit. See ``README.md`` for
 
 from llama_jev.acl import Acl, MetadataAcl, check_acl
 from llama_jev.audit import JsonlObserver
-from llama_jev.calibration import CalibratedJudge
+from llama_jev.calibration import CalibratedJudge, CalibrationReport, calibrate
 from llama_jev.client import JevClient, RetryPolicy
 from llama_jev.context import RuntimeContext, current_runtime_context, resolve_runtime_context, runtime_context
 from llama_jev.errors import (
@@ -65,6 +65,7 @@ __all__ = [
     "Acl",
     "AnswerFunction",
     "CalibratedJudge",
+    "CalibrationReport",
     "Candidate",
     "CandidateSelector",
     "CandidateTooLargeError",
@@ -125,6 +126,7 @@ __all__ = [
     "Usage",
     "WithheldReason",
     "__version__",
+    "calibrate",
     "check_acl",
     "collect_evidence",
     "current_runtime_context",

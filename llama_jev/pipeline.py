@@ -90,6 +90,8 @@ class JudgedRetrieval:
         self.selector = selector
         self.acl = acl
         self.question = question
+        # The ACL misconfiguration warnings already given by this retrieval (each once, not per query).
+        self.warned: set[tuple[str, ...]] = set()
 
     @property
     def mode(self) -> Mode:
@@ -125,7 +127,7 @@ class JudgedRetrieval:
     def _authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         authorized = authorize(nodes, ctx, self.acl)
         if isinstance(self.acl, MetadataAcl):
-            diagnose_denials(self.acl, ctx, [node.node.metadata for node in nodes], len(authorized))
+            diagnose_denials(self.acl, ctx, [node.node.metadata for node in nodes], len(authorized), seen=self.warned)
         return authorized
 
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:

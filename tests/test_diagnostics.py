@@ -42,7 +42,6 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
-from llama_jev import retriever as retriever_module
 from llama_jev.diagnostics import reset_warnings
 from llama_jev.local import LocalRelevanceJudge
 from llama_jev.testing import Fault, SystemOneTestServer
@@ -60,7 +59,6 @@ WRONG_KEY = "sk-wrong-0b1d3e5f-secret"
 def fresh_warnings() -> Iterator[None]:
     """Each once-only warning is given again in every test."""
     reset_warnings()
-    retriever_module._warned_sync_only.clear()
     yield
     reset_warnings()
 

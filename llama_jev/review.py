@@ -64,7 +64,8 @@ REVISION_PROMPT = (
 DRAFT_ID = "draft"
 """The candidate id of the draft in records; revisions are ``revision_1``, ``revision_2``, ..."""
 
-logger = logging.getLogger("llama_jev.review")
+# The contract's logger for SHADOW judge failures is "llama_jev" itself (not a submodule's).
+logger = logging.getLogger("llama_jev")
 dispatcher = get_dispatcher(__name__)
 
 

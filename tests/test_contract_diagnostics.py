@@ -222,3 +222,37 @@ def test_the_postprocessor_also_says_a_value_is_unreadable(
     assert len(logged) == 1, logged
     assert "'users'" in logged[0]
     assert "list holding int" in logged[0]
+
+
+# --- "logged once at WARNING on the llama_jev logger" -----------------------------------------
+
+
+def test_a_shadow_judge_failure_is_one_warning_on_exactly_the_llama_jev_logger(
+    jev_server: SystemOneTestServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from llama_jev import DraftReviewer
+    from llama_jev.testing import Fault
+
+    index = VectorStoreIndex([node("shadow-doc", {"tenant": "acme", "users": ["alice"]})], embed_model=HashEmbedding())
+    client = JevClient(api_key=API_KEY, base_url=jev_server.base_url, retry=RetryPolicy(max_retries=0))
+    shadow = ExecutionOptions(mode=Mode.SHADOW, budget=5.0)
+    retriever = JevRetriever.from_index(
+        index, CandidateSelector(client, shadow), MetadataAcl(tenant_key="tenant", users_key="users"), top_k=5
+    )
+    reviewer = DraftReviewer(judge=client, options=shadow)
+    jev_server.inject_always(Fault.status(401))
+    caplog.set_level(logging.WARNING, logger="llama_jev")
+    with runtime_context(ALICE):
+        served = retriever.retrieve(QUERY)
+        outcome = reviewer.review(query=QUERY, draft="Refunds within seven days.", evidence=served)
+    assert len(served) == 1
+    assert outcome.text == "Refunds within seven days."
+    tuples = [(name, level) for name, level, _ in caplog.record_tuples]
+    assert tuples == [("llama_jev", logging.WARNING)] * 2
+    for _, _, message in caplog.record_tuples:
+        assert "JevAuthenticationError" in message
+        assert "401" in message
+        assert "CALL_OR_RESPONSE_ERROR" in message
+        assert QUERY not in message
+        assert "CONTRACT-NODE-TEXT" not in message
+        assert API_KEY not in message

@@ -156,13 +156,13 @@ def test_shadow_with_a_wrong_key_serves_and_logs_one_warning_per_failed_judgemen
         retriever.retrieve(QUERY)
         postprocessor.postprocess_nodes(served, query_str=QUERY)
     assert set(names(served)) == readable(ALICE)
-    logged = warnings_from(caplog, "llama_jev.pipeline")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 3 == len(records)
     for message, record in zip(logged, records, strict=True):
         assert record.status.value == "error"
         assert record.decision_id in message
         assert "CALL_OR_RESPONSE_ERROR, JevAuthenticationError, HTTP 401, not retryable" in message
-    assert all(getattr(r, "jev_status_code", None) == 401 for r in caplog.records if r.name == "llama_jev.pipeline")
+    assert all(getattr(r, "jev_status_code", None) == 401 for r in caplog.records if r.name == "llama_jev")
 
 
 # --- 3. what an unavailable judgement says --------------------------------------------------
@@ -369,7 +369,7 @@ def test_a_lone_surrogate_in_a_node_is_served_and_recorded_in_shadow(
         served = surrogate_retriever(Mode.SHADOW, jev_server, records).retrieve(QUERY)
     assert {n.node.node_id for n in served} == {uid("broken-emoji"), uid("fine")}
     assert [(r.status.value, r.reason.value) for r in records] == [("error", "UNENCODABLE_TEXT")]
-    assert "UNENCODABLE_TEXT, UnencodableTextError" in warnings_from(caplog, "llama_jev.pipeline")[0]
+    assert "UNENCODABLE_TEXT, UnencodableTextError" in warnings_from(caplog, "llama_jev")[0]
     assert jev_server.request_count == 0
 
 
@@ -406,7 +406,7 @@ def test_a_huge_query_is_query_too_large_not_a_candidate_too_large(
         ).retrieve(huge_query)
     assert set(names(served)) == readable(ALICE)
     assert [r.reason.value for r in records] == ["QUERY_TOO_LARGE", "QUERY_TOO_LARGE"]
-    assert "QUERY_TOO_LARGE, QueryTooLargeError" in warnings_from(caplog, "llama_jev.pipeline")[0]
+    assert "QUERY_TOO_LARGE, QueryTooLargeError" in warnings_from(caplog, "llama_jev")[0]
     assert jev_server.request_count == 0
 
 

@@ -30,3 +30,31 @@ def test_a_failed_grounding_evaluation_is_invalid_and_logged_with_error_class_an
     for text in (QUERY, DRAFT, POLICY):
         assert text not in logged[0]
         assert text not in result.invalid_reason
+
+
+def test_the_review_section_names_import_from_llama_jev_review() -> None:
+    import llama_jev
+    from llama_jev.review import (
+        GROUNDED_QUESTION,
+        DraftReviewer,
+        JevGroundingEvaluator,
+        JevReviewedAgent,
+        JevReviewedQueryEngine,
+        ResponseWithheldError,
+        ReviewOutcome,
+        ReviewStatus,
+    )
+
+    assert JevReviewedQueryEngine is llama_jev.JevReviewedQueryEngine
+    assert JevReviewedAgent is llama_jev.JevReviewedAgent
+    assert JevGroundingEvaluator is llama_jev.JevGroundingEvaluator
+    assert ResponseWithheldError is llama_jev.ResponseWithheldError
+    assert issubclass(ResponseWithheldError, llama_jev.JevError)
+    assert (DraftReviewer, ReviewOutcome, ReviewStatus, GROUNDED_QUESTION) == (
+        llama_jev.DraftReviewer,
+        llama_jev.ReviewOutcome,
+        llama_jev.ReviewStatus,
+        llama_jev.GROUNDED_QUESTION,
+    )
+    with pytest.raises(AttributeError):
+        _ = llama_jev.review.NoSuchName  # type: ignore[attr-defined]

@@ -94,6 +94,7 @@ class JevRetriever(BaseRetriever):
         self._dialect = _check_prefilter(retriever, acl) if prefilter else None
         self._judged = JudgedRetrieval(selector, acl, question=question)
         self._keys_checked = False
+        self._values_checked = False
         # Once per retriever (not per process): every retriever over a sync-only store is told.
         self._warned_sync_only = threading.Event()
         self.retriever = retriever
@@ -232,8 +233,10 @@ class JevRetriever(BaseRetriever):
         own: list[str] | None = getattr(self.retriever, "_node_ids", None)
         ids = list(store.data.embedding_dict) if own is None else own
         readable = [node_id for node_id in ids if node_id not in metadata or self.acl.allows(ctx, metadata[node_id])]
-        if len(readable) < len(ids):
-            # Denied in the store, so the post-filter never sees them: say if unreadable data did it.
+        if len(readable) < len(ids) and not self._values_checked:
+            # Denied in the store, so the post-filter never sees them: say if unreadable data did
+            # it. One scan per retriever, not per query (the store may hold many other tenants).
+            self._values_checked = True
             allowed = set(readable)
             denied = (metadata[node_id] for node_id in ids if node_id in metadata and node_id not in allowed)
             warn_malformed(self.acl, denied, seen=self._judged.warned)

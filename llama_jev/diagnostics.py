@@ -2,7 +2,7 @@
 
 A ``MetadataAcl`` that names a key the data spells differently, or a caller bound without a
 tenant, denies everything: the result is ``[]``, exactly like "the knowledge base has no
-answer". These checks notice the pattern and log one WARNING on the ``llama_jev.acl`` logger per
+answer". These checks notice the pattern and log one WARNING on the ``llama_jev`` logger per
 distinct cause (per set of missing keys, per tenant key) and per retriever or postprocessor
 (each passes its own ``seen`` set), never per query. They name keys and counts only, never
 metadata values, node text or query text.
@@ -28,7 +28,9 @@ __all__ = [
     "warn_keys_absent",
 ]
 
-logger = logging.getLogger("llama_jev.acl")
+# The package's one logger, where DESIGN says its warnings go (a handler on "llama_jev" sees them
+# whatever it filters on); ``extra["jev_cause"]`` tells these apart.
+logger = logging.getLogger("llama_jev")
 
 _WARNED: set[tuple[str, ...]] = set()
 _LOCK = threading.Lock()

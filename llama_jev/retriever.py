@@ -357,7 +357,7 @@ async def _retrieve_in_thread(
     """
     if not warned.is_set():
         warned.set()
-        logger.warning(
+        logging.getLogger("llama_jev").warning(  # the package logger DESIGN names for warnings
             "aretrieve over a QdrantVectorStore without an async client: running the sync retrieval in a "
             "worker thread. Pass aclient=AsyncQdrantClient(...) to QdrantVectorStore for native async retrieval."
         )

@@ -256,3 +256,29 @@ def test_a_shadow_judge_failure_is_one_warning_on_exactly_the_llama_jev_logger(
         assert QUERY not in message
         assert "CONTRACT-NODE-TEXT" not in message
         assert API_KEY not in message
+
+
+def test_acl_misconfiguration_warnings_are_on_exactly_the_llama_jev_logger(
+    jev_server: SystemOneTestServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    acl = MetadataAcl(tenant_key="tenant", users_key="users")
+    misspelled = VectorStoreIndex(
+        [node("logger-misspelled", {"tenant": "acme", "allowed_users": ["alice"]})], embed_model=HashEmbedding()
+    )
+    unreadable = VectorStoreIndex(
+        [node("logger-unreadable", {"tenant": "acme", "users": 7})], embed_model=HashEmbedding()
+    )
+    caplog.set_level(logging.WARNING, logger="llama_jev")
+    with runtime_context(ALICE):
+        assert JevRetriever.from_index(misspelled, selector(jev_server), acl, top_k=5).retrieve(QUERY) == []
+        assert JevRetriever.from_index(unreadable, selector(jev_server), acl, top_k=5).retrieve(QUERY) == []
+    clean = VectorStoreIndex(
+        [node("logger-clean", {"tenant": "acme", "users": ["alice"]})], embed_model=HashEmbedding()
+    )
+    with runtime_context(RuntimeContext(user_id="alice")):
+        assert JevRetriever.from_index(clean, selector(jev_server), acl, top_k=5).retrieve(QUERY) == []
+    assert [(name, level) for name, level, _ in caplog.record_tuples] == [("llama_jev", logging.WARNING)] * 3
+    messages = [message for _, _, message in caplog.record_tuples]
+    assert "'users'" in messages[0]
+    assert "of type int" in messages[1]
+    assert "tenant_id" in messages[2]

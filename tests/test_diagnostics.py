@@ -266,7 +266,7 @@ def test_an_acl_key_absent_from_every_node_is_logged_once_naming_the_key(
     finally:
         if qclient is not None:
             qclient.close()
-    logged = warnings_from(caplog, "llama_jev.acl")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 1, logged  # once per key set, not per query
     assert "configured metadata key(s) 'users'" in logged[0]
     if store != "qdrant-pushdown":
@@ -286,7 +286,7 @@ def test_a_caller_without_a_tenant_is_logged_once_naming_tenant_id(
     with runtime_context(RuntimeContext(user_id="alice")):
         assert retriever.retrieve(QUERY) == []
         assert retriever.retrieve(QUERY) == []
-    logged = warnings_from(caplog, "llama_jev.acl")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 1
     assert "tenant_key 'tenant'" in logged[0]
     assert "no tenant_id" in logged[0]
@@ -299,7 +299,7 @@ def test_a_legitimate_denial_logs_nothing(jev_server: SystemOneTestServer, caplo
     caplog.set_level(logging.WARNING, logger="llama_jev")
     with runtime_context(RuntimeContext(user_id="nina", tenant_id="initech")):
         assert retriever.retrieve(QUERY) == []
-    assert warnings_from(caplog, "llama_jev.acl") == []
+    assert warnings_from(caplog, "llama_jev") == []
 
 
 # --- 5. from_index keywords -----------------------------------------------------------------
@@ -341,7 +341,7 @@ async def test_aretrieve_over_a_sync_only_qdrant_store_works_in_a_thread_and_war
         qclient.close()
     assert first == ["acme-refund", "acme-compensation"]
     assert second == ["acme-refund", "acme-alice-note"]
-    logged = warnings_from(caplog, "llama_jev.retriever")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 1
     assert "AsyncQdrantClient" in logged[0]
 

@@ -23,9 +23,9 @@ __all__ = [
     "explaining_denial",
     "malformed_values",
     "missing_everywhere",
-    "warn_malformed",
     "reset_warnings",
     "warn_keys_absent",
+    "warn_malformed",
 ]
 
 # The package's one logger, where DESIGN says its warnings go (a handler on "llama_jev" sees them

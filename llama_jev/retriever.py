@@ -234,12 +234,12 @@ class JevRetriever(BaseRetriever):
         ids = list(store.data.embedding_dict) if own is None else own
         readable = [node_id for node_id in ids if node_id not in metadata or self.acl.allows(ctx, metadata[node_id])]
         if len(readable) < len(ids) and not self._values_checked:
-            # Denied in the store, so the post-filter never sees them: say if unreadable data did
-            # it. One scan per retriever, not per query (the store may hold many other tenants).
+            # Denied in the store, so the post-filter never sees them: say if unreadable ACL data
+            # is in it. One scan per retriever, not per query (the store may hold many tenants).
             self._values_checked = True
-            allowed = set(readable)
-            denied = (metadata[node_id] for node_id in ids if node_id in metadata and node_id not in allowed)
-            warn_malformed(self.acl, denied, seen=self._judged.warned)
+            warn_malformed(
+                self.acl, (metadata[node_id] for node_id in ids if node_id in metadata), seen=self._judged.warned
+            )
         if ids and not readable and not self._keys_checked:
             # The store denied everything, so the post-filter's diagnosis never sees a node.
             self._keys_checked = True

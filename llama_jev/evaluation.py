@@ -23,7 +23,8 @@ class JevGroundingEvaluator(BaseEvaluator):
     The same question, state and thresholds as :class:`~llama_jev.DraftReviewer` (it is one, run
     in SHADOW: the judge is always asked, nothing is revised or withheld). ``passing`` is
     ``p >= accept``, ``score`` is ``p``. Empty contexts fail without a judge call; a judge failure
-    is an ``invalid_result`` naming the error class, never a pass. ``options`` supplies the
+    is an ``invalid_result`` naming the record's reason, never a pass (the error class and HTTP
+    status are in the SHADOW WARNING the review logs on ``llama_jev``). ``options`` supplies the
     budget, version and observer (its mode is ignored).
 
     Example:

@@ -37,6 +37,9 @@ PROBABILITY_KEY = "jev_probability"
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger(__name__)
+# The contract names the logger of a SHADOW judge failure: exactly "llama_jev", so a handler or a
+# test that listens there (not to a submodule) sees it.
+shadow_failure_logger = logging.getLogger("llama_jev")
 
 
 class JevDecisionEvent(BaseEvent):
@@ -90,6 +93,8 @@ class JudgedRetrieval:
         self.selector = selector
         self.acl = acl
         self.question = question
+        # The ACL misconfiguration warnings already given by this retrieval (each once, not per query).
+        self.warned: set[tuple[str, ...]] = set()
 
     @property
     def mode(self) -> Mode:
@@ -125,7 +130,7 @@ class JudgedRetrieval:
     def _authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         authorized = authorize(nodes, ctx, self.acl)
         if isinstance(self.acl, MetadataAcl):
-            diagnose_denials(self.acl, ctx, [node.node.metadata for node in nodes], len(authorized))
+            diagnose_denials(self.acl, ctx, [node.node.metadata for node in nodes], len(authorized), seen=self.warned)
         return authorized
 
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:
@@ -136,7 +141,7 @@ class JudgedRetrieval:
             if self.mode is Mode.SHADOW:
                 # SHADOW serves as if OFF; without this line a judge failing on every call (a
                 # wrong key) would leave only error records and nobody would notice.
-                logger.warning(
+                shadow_failure_logger.warning(
                     "SHADOW judgement failed (decision %s): %s; the nodes were served unjudged",
                     decision.record.decision_id if decision.record else "-",
                     failure.summary,

@@ -20,7 +20,7 @@ from llama_index_instrumentation import get_dispatcher
 
 from llama_jev.acl import Acl, FilterStore, MetadataAcl
 from llama_jev.context import RuntimeContext, bind_if_given, resolve_runtime_context
-from llama_jev.diagnostics import missing_everywhere, warn_keys_absent
+from llama_jev.diagnostics import explaining_denial, missing_everywhere, warn_keys_absent, warn_malformed
 from llama_jev.execution import Mode
 from llama_jev.pipeline import JudgedRetrieval, check_query
 from llama_jev.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 _TOP_K_ATTRIBUTE = "similarity_top_k"
 # Keyword arguments VectorIndexRetriever takes through **kwargs rather than by name.
 _PASS_THROUGH_KWARGS = frozenset({"vector_store_kwargs"})
-_warned_sync_only = threading.Event()
 
 
 class JevRetriever(BaseRetriever):
@@ -95,6 +94,9 @@ class JevRetriever(BaseRetriever):
         self._dialect = _check_prefilter(retriever, acl) if prefilter else None
         self._judged = JudgedRetrieval(selector, acl, question=question)
         self._keys_checked = False
+        self._values_checked = False
+        # Once per retriever (not per process): every retriever over a sync-only store is told.
+        self._warned_sync_only = threading.Event()
         self.retriever = retriever
         self.candidate_limit = candidate_limit
         self.top_k = top_k
@@ -191,7 +193,7 @@ class JevRetriever(BaseRetriever):
         ctx = resolve_runtime_context(None)
         upstream = self._upstream(ctx)
         if _sync_only_qdrant(upstream):
-            nodes = await _retrieve_in_thread(upstream, query_bundle)
+            nodes = await _retrieve_in_thread(upstream, query_bundle, self._warned_sync_only)
         else:
             nodes = await upstream.aretrieve(query_bundle)
         if not nodes and self._dialect == "qdrant" and not self._keys_checked:
@@ -231,6 +233,13 @@ class JevRetriever(BaseRetriever):
         own: list[str] | None = getattr(self.retriever, "_node_ids", None)
         ids = list(store.data.embedding_dict) if own is None else own
         readable = [node_id for node_id in ids if node_id not in metadata or self.acl.allows(ctx, metadata[node_id])]
+        if len(readable) < len(ids) and not self._values_checked:
+            # Denied in the store, so the post-filter never sees them: say if unreadable ACL data
+            # is in it. One scan per retriever, not per query (the store may hold many tenants).
+            self._values_checked = True
+            warn_malformed(
+                self.acl, (metadata[node_id] for node_id in ids if node_id in metadata), seen=self._judged.warned
+            )
         if ids and not readable and not self._keys_checked:
             # The store denied everything, so the post-filter's diagnosis never sees a node.
             self._keys_checked = True
@@ -238,7 +247,7 @@ class JevRetriever(BaseRetriever):
             missing = missing_everywhere(self.acl, stored)
             if missing:
                 present = (key for entry in stored for key in entry)
-                warn_keys_absent(missing, f"the {len(ids)} nodes in the store", present)
+                warn_keys_absent(missing, f"the {len(ids)} nodes in the store", present, seen=self._judged.warned)
         return readable
 
     def _check_qdrant_keys(self) -> None:
@@ -253,19 +262,24 @@ class JevRetriever(BaseRetriever):
             return
         if not store.get_nodes(limit=1):
             return  # an empty collection: nothing was denied
-        missing = tuple(
-            key
-            for key in self.acl.keys
-            if not store.get_nodes(
-                filters=MetadataFilters(
-                    filters=[MetadataFilter(key=key, operator=FilterOperator.IS_EMPTY, value=None)],
-                    condition=FilterCondition.NOT,
-                ),
-                limit=1,
-            )
+        missing = explaining_denial(
+            self.acl,
+            (
+                key
+                for key in self.acl.keys
+                if not store.get_nodes(
+                    filters=MetadataFilters(
+                        filters=[MetadataFilter(key=key, operator=FilterOperator.IS_EMPTY, value=None)],
+                        condition=FilterCondition.NOT,
+                    ),
+                    limit=1,
+                )
+            ),
         )
         if missing:
-            warn_keys_absent(missing, f"the points of Qdrant collection {store.collection_name!r}")
+            warn_keys_absent(
+                missing, f"the points of Qdrant collection {store.collection_name!r}", seen=self._judged.warned
+            )
 
     def _handle_recursive_retrieval(self, query_bundle: QueryBundle, nodes: list[NodeWithScore]) -> list[NodeWithScore]:
         # The wrapped retriever already expanded IndexNodes; expanding again here would put
@@ -333,15 +347,17 @@ def _sync_only_qdrant(retriever: BaseRetriever) -> bool:
     return getattr(store, "_aclient", None) is None and getattr(store, "_client", None) is not None
 
 
-async def _retrieve_in_thread(retriever: BaseRetriever, query_bundle: QueryBundle) -> list[NodeWithScore]:
+async def _retrieve_in_thread(
+    retriever: BaseRetriever, query_bundle: QueryBundle, warned: threading.Event
+) -> list[NodeWithScore]:
     """Run the sync retrieval in a worker thread, with this task's context (identity, spans) copied.
 
     LlamaIndex's async Qdrant path needs an ``AsyncQdrantClient``, and Qdrant local mode cannot
     open one folder with both clients; agents call ``aretrieve``, so this keeps them working.
     """
-    if not _warned_sync_only.is_set():
-        _warned_sync_only.set()
-        logger.warning(
+    if not warned.is_set():
+        warned.set()
+        logging.getLogger("llama_jev").warning(  # the package logger DESIGN names for warnings
             "aretrieve over a QdrantVectorStore without an async client: running the sync retrieval in a "
             "worker thread. Pass aclient=AsyncQdrantClient(...) to QdrantVectorStore for native async retrieval."
         )

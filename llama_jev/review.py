@@ -12,6 +12,7 @@ needs (a judgement of a text, a revision of a text) and receives the answer. ``r
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ __all__ = [
     "GROUNDED_QUESTION",
     "REVISION_PROMPT",
     "DraftReviewer",
+    "ResponseWithheldError",
     "ReviewOutcome",
     "ReviewStatus",
     "WithheldReason",
@@ -64,7 +66,8 @@ REVISION_PROMPT = (
 DRAFT_ID = "draft"
 """The candidate id of the draft in records; revisions are ``revision_1``, ``revision_2``, ..."""
 
-logger = logging.getLogger("llama_jev.review")
+# The contract's logger for SHADOW judge failures is "llama_jev" itself (not a submodule's).
+logger = logging.getLogger("llama_jev")
 dispatcher = get_dispatcher(__name__)
 
 
@@ -566,3 +569,20 @@ def _withheld(
     if error is not None:
         withheld.__cause__ = error
     return withheld
+
+
+# DESIGN's "Final-draft review (`llama_jev.review`)" names the reviewed query engine too, and the
+# agent and evaluator belong with it; they live in their own modules, which import this one, so
+# they are re-exported lazily (PEP 562) rather than imported here (a cycle).
+_LAZY = {
+    "JevReviewedQueryEngine": "llama_jev.reviewed_engine",
+    "JevReviewedAgent": "llama_jev.review_agent",
+    "JevGroundingEvaluator": "llama_jev.evaluation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -42,7 +42,6 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
-from llama_jev import retriever as retriever_module
 from llama_jev.diagnostics import reset_warnings
 from llama_jev.local import LocalRelevanceJudge
 from llama_jev.testing import Fault, SystemOneTestServer
@@ -60,7 +59,6 @@ WRONG_KEY = "sk-wrong-0b1d3e5f-secret"
 def fresh_warnings() -> Iterator[None]:
     """Each once-only warning is given again in every test."""
     reset_warnings()
-    retriever_module._warned_sync_only.clear()
     yield
     reset_warnings()
 
@@ -158,13 +156,13 @@ def test_shadow_with_a_wrong_key_serves_and_logs_one_warning_per_failed_judgemen
         retriever.retrieve(QUERY)
         postprocessor.postprocess_nodes(served, query_str=QUERY)
     assert set(names(served)) == readable(ALICE)
-    logged = warnings_from(caplog, "llama_jev.pipeline")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 3 == len(records)
     for message, record in zip(logged, records, strict=True):
         assert record.status.value == "error"
         assert record.decision_id in message
         assert "CALL_OR_RESPONSE_ERROR, JevAuthenticationError, HTTP 401, not retryable" in message
-    assert all(getattr(r, "jev_status_code", None) == 401 for r in caplog.records if r.name == "llama_jev.pipeline")
+    assert all(getattr(r, "jev_status_code", None) == 401 for r in caplog.records if r.name == "llama_jev")
 
 
 # --- 3. what an unavailable judgement says --------------------------------------------------
@@ -268,7 +266,7 @@ def test_an_acl_key_absent_from_every_node_is_logged_once_naming_the_key(
     finally:
         if qclient is not None:
             qclient.close()
-    logged = warnings_from(caplog, "llama_jev.acl")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 1, logged  # once per key set, not per query
     assert "configured metadata key(s) 'users'" in logged[0]
     if store != "qdrant-pushdown":
@@ -288,7 +286,7 @@ def test_a_caller_without_a_tenant_is_logged_once_naming_tenant_id(
     with runtime_context(RuntimeContext(user_id="alice")):
         assert retriever.retrieve(QUERY) == []
         assert retriever.retrieve(QUERY) == []
-    logged = warnings_from(caplog, "llama_jev.acl")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 1
     assert "tenant_key 'tenant'" in logged[0]
     assert "no tenant_id" in logged[0]
@@ -301,7 +299,7 @@ def test_a_legitimate_denial_logs_nothing(jev_server: SystemOneTestServer, caplo
     caplog.set_level(logging.WARNING, logger="llama_jev")
     with runtime_context(RuntimeContext(user_id="nina", tenant_id="initech")):
         assert retriever.retrieve(QUERY) == []
-    assert warnings_from(caplog, "llama_jev.acl") == []
+    assert warnings_from(caplog, "llama_jev") == []
 
 
 # --- 5. from_index keywords -----------------------------------------------------------------
@@ -343,7 +341,7 @@ async def test_aretrieve_over_a_sync_only_qdrant_store_works_in_a_thread_and_war
         qclient.close()
     assert first == ["acme-refund", "acme-compensation"]
     assert second == ["acme-refund", "acme-alice-note"]
-    logged = warnings_from(caplog, "llama_jev.retriever")
+    logged = warnings_from(caplog, "llama_jev")
     assert len(logged) == 1
     assert "AsyncQdrantClient" in logged[0]
 
@@ -371,7 +369,7 @@ def test_a_lone_surrogate_in_a_node_is_served_and_recorded_in_shadow(
         served = surrogate_retriever(Mode.SHADOW, jev_server, records).retrieve(QUERY)
     assert {n.node.node_id for n in served} == {uid("broken-emoji"), uid("fine")}
     assert [(r.status.value, r.reason.value) for r in records] == [("error", "UNENCODABLE_TEXT")]
-    assert "UNENCODABLE_TEXT, UnencodableTextError" in warnings_from(caplog, "llama_jev.pipeline")[0]
+    assert "UNENCODABLE_TEXT, UnencodableTextError" in warnings_from(caplog, "llama_jev")[0]
     assert jev_server.request_count == 0
 
 
@@ -408,7 +406,7 @@ def test_a_huge_query_is_query_too_large_not_a_candidate_too_large(
         ).retrieve(huge_query)
     assert set(names(served)) == readable(ALICE)
     assert [r.reason.value for r in records] == ["QUERY_TOO_LARGE", "QUERY_TOO_LARGE"]
-    assert "QUERY_TOO_LARGE, QueryTooLargeError" in warnings_from(caplog, "llama_jev.pipeline")[0]
+    assert "QUERY_TOO_LARGE, QueryTooLargeError" in warnings_from(caplog, "llama_jev")[0]
     assert jev_server.request_count == 0
 
 

@@ -113,7 +113,7 @@ def test_shadow_keeps_the_draft_when_the_judge_fails_and_logs_it_once(
     assert outcome.reason is WithheldReason.CALL_OR_RESPONSE_ERROR
     (record,) = records
     assert record.status is Status.ERROR
-    warnings = [r for r in caplog.records if r.name == "llama_jev.review"]
+    warnings = [r for r in caplog.records if r.name == "llama_jev"]
     assert len(warnings) == 1
     assert "JevServerError" in warnings[0].getMessage()
     assert "HTTP 500" in warnings[0].getMessage()

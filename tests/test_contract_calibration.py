@@ -3,6 +3,7 @@ independent audit, each test names the behaviour a user relies on."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from llama_index.core import VectorStoreIndex
@@ -17,9 +18,10 @@ from llama_jev import (
     Mode,
     RuntimeContext,
 )
-from llama_jev.calibration import GoldenQuery, collect
+from llama_jev.calibration import GoldenQuery, calibrate, collect
 from llama_jev.testing import SystemOneTestServer
 
+from .calibration_support import overconfident_log
 from .conftest import API_KEY
 from .support import HashEmbedding, marked
 
@@ -49,3 +51,11 @@ def test_collect_asks_the_question_the_retriever_was_built_with(
         for item in request.json["questions"].values()
     }
     assert asked == {question}
+
+
+def test_report_html_holds_no_url_at_all() -> None:
+    records, labels = overconfident_log(60, seed=5)
+    page = calibrate(records, labels).to_html()
+    assert "<svg" in page
+    assert "<script" not in page.lower()
+    assert re.search(r"https?://", page) is None  # not even an xmlns: nothing a strict checker could fetch

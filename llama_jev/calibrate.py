@@ -89,7 +89,8 @@ def _summary(report: CalibrationReport) -> str:
         f"{report.split.calibration_labels} for choosing, {report.split.holdout_labels} held out "
         f"(split by {report.split.unit})",
         f"records: {report.log.records} ({report.log.errors} judge errors, never used as scores); "
-        f"unjoined labels: {report.unjoined.count}; disagreeing duplicates: {report.conflicts.count}",
+        f"unjoined labels: {report.unjoined.count}; disagreeing duplicates: {report.conflicts.count}"
+        + (f"; rows with no relevant value yet: {report.unlabelled}" if report.unlabelled else ""),
         f"judge: ECE {report.ece:.3f}, Brier {report.brier:.3f}",
     ]
     if report.recommended is None:
@@ -115,7 +116,17 @@ def _summary(report: CalibrationReport) -> str:
 
 
 def _failure(message: str, labels: int) -> dict[str, Any]:
-    return {"labels": labels, "recommended": None, "reason": message, "holdout": None, "error": message}
+    # every key of a successful run, so a consumer reads one shape; nothing was measured
+    return {
+        "labels": labels,
+        "recommended": None,
+        "reason": message,
+        "holdout": None,
+        "ece": None,
+        "brier": None,
+        "thresholds": [],
+        "error": message,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,9 +3,14 @@ independent audit, each test names the behaviour a user relies on."""
 
 from __future__ import annotations
 
+import csv
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from llama_index.core import VectorStoreIndex
 from llama_index.core.schema import TextNode
 
@@ -18,10 +23,11 @@ from llama_jev import (
     Mode,
     RuntimeContext,
 )
-from llama_jev.calibration import GoldenQuery, calibrate, collect
+from llama_jev.calibrate import main
+from llama_jev.calibration import CalibrationInputError, GoldenQuery, calibrate, collect
 from llama_jev.testing import SystemOneTestServer
 
-from .calibration_support import overconfident_log
+from .calibration_support import overconfident_log, write_jsonl
 from .conftest import API_KEY
 from .support import HashEmbedding, marked
 
@@ -59,3 +65,97 @@ def test_report_html_holds_no_url_at_all() -> None:
     assert "<svg" in page
     assert "<script" not in page.lower()
     assert re.search(r"https?://", page) is None  # not even an xmlns: nothing a strict checker could fetch
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("contract")
+    records, labels = overconfident_log(40, seed=9)
+    return write_jsonl(folder / "records.jsonl", records), write_jsonl(folder / "labels.jsonl", labels)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_an_empty_records_file_exits_2_naming_the_file(log: tuple[Path, Path], tmp_path: Path) -> None:
+    empty = tmp_path / "decisions.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "llama_jev.calibrate", "--records", str(empty), "--labels", str(log[1])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert f"{empty}: no decision records" in result.stderr
+
+
+def test_labels_saved_with_a_byte_order_mark_read_like_any_other(log: tuple[Path, Path], tmp_path: Path) -> None:
+    records, labels = log
+    rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines()]
+    jsonl = tmp_path / "labels.jsonl"
+    jsonl.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8-sig")
+    sheet = tmp_path / "labels.csv"  # what a spreadsheet's "CSV UTF-8" writes
+    with sheet.open("w", encoding="utf-8-sig", newline="") as handle:
+        writer = csv.DictWriter(handle, ["decision_id", "node_id", "p", "relevant", "text"])
+        writer.writeheader()
+        writer.writerows(
+            {**row, "p": "", "relevant": "TRUE" if row["relevant"] else "FALSE", "text": ""} for row in rows
+        )
+    expected = calibrate(records, labels).to_json()
+    assert calibrate(records, jsonl).to_json() == expected
+    assert calibrate(records, sheet).to_json() == expected
+
+
+def test_a_byte_that_is_not_utf8_is_reported_at_its_line(log: tuple[Path, Path], tmp_path: Path) -> None:
+    records, labels = log
+    lines = labels.read_bytes().splitlines()
+    broken = tmp_path / "labels.jsonl"
+    broken.write_bytes(b"\n".join([*lines[:99], lines[99].replace(b"node_id", b"node\xffid"), *lines[100:]]))
+    with pytest.raises(CalibrationInputError) as raised:
+        calibrate(records, broken)
+    assert (raised.value.path, raised.value.line) == (str(broken), 100)
+
+
+def test_a_label_without_relevant_exits_2_at_its_line(
+    capsys: pytest.CaptureFixture[str], log: tuple[Path, Path], tmp_path: Path
+) -> None:
+    records, labels = log
+    rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines()]
+    del rows[6]["relevant"]
+    broken = write_jsonl(tmp_path / "labels.jsonl", rows)
+    code, _, err = cli(capsys, "--records", records, "--labels", broken)
+    assert code == 2
+    assert f"{broken}:7:" in err
+    assert "'relevant' is missing" in err
+
+
+def test_rows_not_labelled_yet_are_counted_in_the_summary(
+    capsys: pytest.CaptureFixture[str], log: tuple[Path, Path], tmp_path: Path
+) -> None:
+    records, labels = log
+    rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines()]
+    for row in rows[:3]:
+        row["relevant"] = None  # a sheet row nobody has filled in
+    partial = write_jsonl(tmp_path / "labels.jsonl", rows)
+    code, out, _ = cli(capsys, "--records", records, "--labels", partial)
+    assert code in (0, 1)
+    assert "rows with no relevant value yet: 3" in out
+
+
+def test_json_of_a_refusal_has_every_contract_key(
+    capsys: pytest.CaptureFixture[str], log: tuple[Path, Path], tmp_path: Path
+) -> None:
+    records, labels = log
+    few = tmp_path / "labels.jsonl"
+    few.write_text("\n".join(labels.read_text(encoding="utf-8").splitlines()[:49]) + "\n", encoding="utf-8")
+    code, out, _ = cli(capsys, "--records", records, "--labels", few, "--json")
+    assert code == 2
+    data = json.loads(out)
+    assert {"labels", "recommended", "reason", "holdout", "ece", "brier", "thresholds"} <= set(data)
+    assert data["labels"] == 49
+    assert (data["recommended"], data["holdout"], data["thresholds"]) == (None, None, [])
+    assert "49 joined labels" in data["reason"]

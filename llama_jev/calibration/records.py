@@ -132,22 +132,24 @@ class JoinedLabels:
 
 def _json_lines(path: Path) -> Iterable[tuple[int, Any]]:
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")  # decoded line by line, so a bad byte is reported at its line
     except OSError as error:
         raise CalibrationInputError(f"cannot read the file: {error.strerror or error}", path=path) from None
     with handle:
-        try:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, json.loads(line.strip())
-                except json.JSONDecodeError as error:
-                    raise CalibrationInputError(
-                        f"not valid JSON ({error.msg} at column {error.colno})", path=path, line=number
-                    ) from None
-        except UnicodeDecodeError:
-            raise CalibrationInputError("not UTF-8 text", path=path) from None
+        for number, raw in enumerate(handle, start=1):
+            try:
+                # utf-8-sig on the first line: editors on Windows start files with a BOM
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+            except UnicodeDecodeError:
+                raise CalibrationInputError("not UTF-8 text", path=path, line=number) from None
+            if not line:
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise CalibrationInputError(
+                    f"not valid JSON ({error.msg} at column {error.colno})", path=path, line=number
+                ) from None
 
 
 def _probability(value: Any) -> bool:
@@ -224,6 +226,8 @@ def load_records(records: RecordsInput) -> list[LoggedDecision]:
             )
         seen[decision.decision_id] = number
         decisions.append(decision)
+    if not decisions:
+        raise CalibrationInputError("no decision records (nothing to calibrate)", path=path)
     return decisions
 
 
@@ -249,7 +253,9 @@ def _label(entry: Any, secret: str | bytes | None, source: str, *, text: bool = 
     if not isinstance(entry, Mapping):
         raise ValueError(f"a label must be a JSON object, got {type(entry).__name__}")
     node_id = str(_text(entry, "node_id"))
-    relevant = _relevant(entry.get("relevant"), text=text)
+    if "relevant" not in entry:  # null (an unfilled sheet row) is counted; a missing key is a wrong file
+        raise ValueError("'relevant' is missing: give true or false (null for a row not labelled yet)")
+    relevant = _relevant(entry["relevant"], text=text)
     if relevant is None:
         return None  # a sheet row nobody has filled in yet
     decision_id = entry.get("decision_id") or None
@@ -305,7 +311,8 @@ def load_labels(labels: LabelsInput, *, query_key_secret: str | bytes | None = N
 
 def _csv_rows(path: Path) -> Iterable[tuple[int, Any]]:
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
+        # -sig: a spreadsheet saving "CSV UTF-8" starts the header with a BOM
+        with path.open(encoding="utf-8-sig", newline="") as handle:
             # line 1 is the header, so the first row is line 2 of the file
             rows = list(csv.DictReader(handle))
     except (OSError, UnicodeDecodeError, csv.Error) as error:

@@ -4,6 +4,7 @@ independent audit, each test names the behaviour a user relies on."""
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import re
 import subprocess
@@ -159,3 +160,21 @@ def test_json_of_a_refusal_has_every_contract_key(
     assert data["labels"] == 49
     assert (data["recommended"], data["holdout"], data["thresholds"]) == (None, None, [])
     assert "49 joined labels" in data["reason"]
+
+
+def test_llama_jev_calibrate_has_the_functions_signature_after_the_cli_module_is_imported() -> None:
+    import llama_jev
+    import llama_jev.calibrate
+
+    assert inspect.signature(llama_jev.calibrate) == inspect.signature(calibrate)
+    assert list(inspect.signature(llama_jev.calibrate).parameters)[2:6] == [
+        "target_precision",
+        "min_npv",
+        "holdout",
+        "seed",
+    ]
+
+
+def test_a_seed_that_is_not_an_int_is_a_type_error(log: tuple[Path, Path]) -> None:
+    with pytest.raises(TypeError, match="seed must be an int"):
+        calibrate(*log, seed="0")  # type: ignore[arg-type]

@@ -101,10 +101,13 @@ def calibrate(
         MixedRecordsError: several purposes or versions and none chosen.
         InsufficientLabelsError: fewer than 50 joined labels or fewer than 10 in a class.
         ValueError: a target or ``holdout`` outside (0, 1).
+        TypeError: a ``seed`` that is not an int.
     """
     target_precision = _check_target("target_precision", target_precision)
     min_npv = _check_target("min_npv", min_npv)
     holdout = _check_target("holdout", holdout)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     decisions = select_records(load_records(records), purpose=purpose, version=version)
     label_list, unlabelled = load_labels(labels, query_key_secret=query_key_secret)
     joined = join_labels(decisions, label_list, unlabelled=unlabelled)

@@ -155,7 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report.write_html(args.report)
         except OSError as error:
-            print(f"llama_jev.calibrate: cannot write the report {args.report}: {error.strerror}", file=sys.stderr)
+            message = f"cannot write the report {args.report}: {error.strerror}"
+            print(f"llama_jev.calibrate: {message}", file=sys.stderr)
+            if args.json:
+                print(json.dumps(_failure(message, report.labels)))
             return EXIT_INPUT
     if args.json:
         print(report.to_json())

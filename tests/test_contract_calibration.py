@@ -178,3 +178,16 @@ def test_llama_jev_calibrate_has_the_functions_signature_after_the_cli_module_is
 def test_a_seed_that_is_not_an_int_is_a_type_error(log: tuple[Path, Path]) -> None:
     with pytest.raises(TypeError, match="seed must be an int"):
         calibrate(*log, seed="0")  # type: ignore[arg-type]
+
+
+def test_a_report_that_cannot_be_written_still_answers_json(
+    capsys: pytest.CaptureFixture[str], log: tuple[Path, Path], tmp_path: Path
+) -> None:
+    records, labels = log
+    target = tmp_path / "missing-folder" / "report.html"
+    code, out, err = cli(capsys, "--records", records, "--labels", labels, "--report", target, "--json")
+    assert code == 2
+    assert f"cannot write the report {target}" in err
+    data = json.loads(out)
+    assert data["recommended"] is None
+    assert data["labels"] == 320

@@ -25,7 +25,7 @@ from llama_jev import (
     RuntimeContext,
 )
 from llama_jev.calibrate import main
-from llama_jev.calibration import CalibrationInputError, GoldenQuery, calibrate, collect
+from llama_jev.calibration import CalibrationInputError, GoldenQuery, InsufficientLabelsError, calibrate, collect
 from llama_jev.testing import SystemOneTestServer
 
 from .calibration_support import overconfident_log, write_jsonl
@@ -191,3 +191,14 @@ def test_a_report_that_cannot_be_written_still_answers_json(
     data = json.loads(out)
     assert data["recommended"] is None
     assert data["labels"] == 320
+
+
+def test_labels_from_a_single_decision_are_too_little_data(log: tuple[Path, Path]) -> None:
+    records, _ = log
+    first = json.loads(records.read_text(encoding="utf-8").splitlines()[0])
+    scores = {f"n{i}": i / 99 for i in range(100)}
+    record = {**first, "scores": scores}
+    rows = [{"decision_id": first["decision_id"], "node_id": node, "relevant": p > 0.5} for node, p in scores.items()]
+    with pytest.raises(InsufficientLabelsError, match="one query or decision") as raised:
+        calibrate([record], rows)  # split by decision: nothing could be held out to measure the choice
+    assert raised.value.labels == 100

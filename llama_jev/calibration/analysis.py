@@ -226,9 +226,12 @@ def _check_enough(joined: JoinedLabels) -> None:
     n = len(joined.pairs)
     relevant = sum(1 for pair in joined.pairs if pair.relevant)
     irrelevant = n - relevant
-    if n >= MIN_LABELS and min(relevant, irrelevant) >= MIN_PER_CLASS:
+    groups = len({pair.group for pair in joined.pairs})
+    if n >= MIN_LABELS and min(relevant, irrelevant) >= MIN_PER_CLASS and groups >= 2:
         return
     problems = []
+    if n and groups < 2:  # the split is by query / decision: one of them leaves nothing to hold out
+        problems.append("every label is for one query or decision (need at least 2, to hold one out)")
     if n < MIN_LABELS:
         problems.append(f"{n} joined labels (need at least {MIN_LABELS})")
     if relevant < MIN_PER_CLASS:

@@ -1,9 +1,10 @@
 """Reading decision records and labels, and joining them into (p, relevant) pairs.
 
 Records are the JSONL a :class:`~llama_jev.JsonlObserver` writes; labels are JSONL lines
-``{"node_id": ..., "relevant": true|false}`` with either ``"decision_id"`` or ``"query"``.
-Every problem is reported with the file and line it came from, and nothing is dropped
-silently: error records, unjoined labels and disagreeing duplicates are counted and returned.
+``{"node_id": ..., "relevant": true|false}`` with either ``"decision_id"`` or ``"query"``
+(``"relevant": null`` is a sheet row not labelled yet: counted, not used). Every problem is
+reported with the file and line it came from, and nothing is dropped silently: error records,
+unjoined labels and disagreeing duplicates are counted and returned.
 """
 
 from __future__ import annotations

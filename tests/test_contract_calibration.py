@@ -202,3 +202,11 @@ def test_labels_from_a_single_decision_are_too_little_data(log: tuple[Path, Path
     with pytest.raises(InsufficientLabelsError, match="one query or decision") as raised:
         calibrate([record], rows)  # split by decision: nothing could be held out to measure the choice
     assert raised.value.labels == 100
+
+
+def test_labels_by_query_under_the_wrong_secret_say_so(tmp_path: Path) -> None:
+    records, labels = overconfident_log(40, seed=4, by_query=True)
+    with pytest.raises(InsufficientLabelsError, match="secret the records were written with") as raised:
+        calibrate(records, labels, query_key_secret="not-the-secret")
+    assert raised.value.labels == 0
+    assert "calibration-test-secret" not in str(raised.value)

@@ -242,6 +242,8 @@ def _check_enough(joined: JoinedLabels) -> None:
     if joined.unjoined:
         examples = ", ".join(f"{e['decision_id'] or '(query)'}/{e['node_id']}" for e in joined.unjoined_examples)
         hints.append(f"{joined.unjoined} labels joined nothing (e.g. {examples})")
+        if any(not example["decision_id"] for example in joined.unjoined_examples):
+            hints.append("labels by query join only under the secret the records were written with")
     if joined.conflicts:
         hints.append(f"{joined.conflicts} pairs had disagreeing labels and were left out")
     if joined.on_error_records:

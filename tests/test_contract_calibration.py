@@ -20,12 +20,23 @@ from llama_jev import (
     ExecutionOptions,
     JevClient,
     JevRetriever,
+    JsonlObserver,
     MetadataAcl,
     Mode,
     RuntimeContext,
 )
 from llama_jev.calibrate import main
-from llama_jev.calibration import CalibrationInputError, GoldenQuery, InsufficientLabelsError, calibrate, collect
+from llama_jev.calibration import (
+    CalibratedJudge,
+    CalibrationInputError,
+    GoldenQuery,
+    InsufficientLabelsError,
+    PlattMapping,
+    calibrate,
+    collect,
+)
+from llama_jev.judge import RELEVANCE_QUESTION
+from llama_jev.selector import Candidate
 from llama_jev.testing import SystemOneTestServer
 
 from .calibration_support import overconfident_log, write_jsonl
@@ -210,3 +221,24 @@ def test_labels_by_query_under_the_wrong_secret_say_so(tmp_path: Path) -> None:
         calibrate(records, labels, query_key_secret="not-the-secret")
     assert raised.value.labels == 0
     assert "calibration-test-secret" not in str(raised.value)
+
+
+def test_records_mixing_raw_and_calibrated_judge_probabilities_are_refused(
+    capsys: pytest.CaptureFixture[str], jev_server: SystemOneTestServer, tmp_path: Path
+) -> None:
+    decisions, labels = tmp_path / "decisions.jsonl", tmp_path / "labels.jsonl"
+    raw = JevClient(api_key=API_KEY, base_url=jev_server.base_url)
+    rows = []
+    for judge in (raw, CalibratedJudge(raw, PlattMapping(slope=2.0, intercept=-1.0))):  # same version "v1"
+        selector = CandidateSelector(judge, ExecutionOptions(mode=Mode.SHADOW, observer=JsonlObserver(decisions)))
+        for q in range(6):
+            candidates = [Candidate(f"n{i}", marked(round(i / 10, 1), "passage")) for i in range(10)]
+            decision = selector.select(f"question {q}", RELEVANCE_QUESTION, candidates, ctx=USER)
+            rows += [
+                {"decision_id": decision.record.decision_id, "node_id": f"n{i}", "relevant": i > 5} for i in range(10)
+            ]
+    labels.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    code, _, err = cli(capsys, "--records", decisions, "--labels", labels)
+    assert code == 2
+    assert "mix raw and mapped probabilities" in err
+    assert "jev-test-1+platt" in err

@@ -73,7 +73,8 @@ class InsufficientLabelsError(CalibrationInputError):
 
 
 class MixedRecordsError(CalibrationInputError):
-    """The records come from more than one ``purpose`` or ``version``: pick one to calibrate."""
+    """The records come from more than one ``purpose`` or ``version``, or mix raw and mapped
+    probabilities: pick one to calibrate."""
 
 
 @dataclass(frozen=True)
@@ -330,8 +331,8 @@ def select_records(
     """The decisions of one ``purpose`` and ``version``; refuse a mix unless one is chosen.
 
     Raises:
-        MixedRecordsError: more than one purpose or version and none selected, or the selection
-            matches nothing.
+        MixedRecordsError: more than one purpose or version and none selected, the selection
+            matches nothing, or it mixes a judge's raw probabilities with mapped ones.
     """
     chosen = [
         d for d in decisions if (purpose is None or d.purpose == purpose) and (version is None or d.version == version)
@@ -348,7 +349,20 @@ def select_records(
                 f"the records mix {len(values)} {key}s {values}: calibrating them together would blend "
                 f"different set-ups; choose one with {option} (API: {key}=)"
             )
+    scales = {_scale(d.model) for d in chosen if d.model}
+    if len(scales) > 1:
+        models = sorted({d.model for d in chosen if d.model})
+        raise MixedRecordsError(
+            f"the records mix raw and mapped probabilities (models {models}; a CalibratedJudge writes "
+            "<model>+<mapping>): thresholds over both scales would mean nothing; give each set-up its own "
+            "ExecutionOptions(version=...) and choose one with --version (API: version=)"
+        )
     return chosen
+
+
+def _scale(model: str) -> str:
+    """``"raw"``, or the mapping a :class:`~llama_jev.CalibratedJudge` appended (``jev-1+platt``)."""
+    return model.rpartition("+")[2] if "+" in model else "raw"
 
 
 def join_labels(decisions: Sequence[LoggedDecision], labels: Sequence[Label], *, unlabelled: int = 0) -> JoinedLabels:

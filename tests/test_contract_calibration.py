@@ -242,3 +242,10 @@ def test_records_mixing_raw_and_calibrated_judge_probabilities_are_refused(
     assert code == 2
     assert "mix raw and mapped probabilities" in err
     assert "jev-test-1+platt" in err
+
+
+def test_the_best_precision_bound_in_the_reason_never_reads_as_meeting_the_target() -> None:
+    records, labels = overconfident_log(40, seed=0)  # its best lower bound is 0.88084...
+    report = calibrate(records, labels, target_precision=0.8809)
+    assert report.recommended is None
+    assert "the best is 0.880 " in str(report.reason)  # not 0.881, which would look like it met 0.8809

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from llama_jev.calibration.mapping import fit_platt
@@ -127,10 +128,16 @@ def calibrate(
     reason = None
     if accept_row is None:
         best = max(accept_rows, key=lambda row: row.precision_lower, default=None)
+        # rounded down: a best of 0.8996 must not read as meeting a target of 0.9
+        best_text = (
+            f"; the best is {math.floor(best.precision_lower * 1000) / 1000:.3f} at accept={best.accept:.2f}"
+            if best
+            else ""
+        )
         reason = (
             f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "
             f"calibration split ({len(calibration)} labels)"
-            + (f"; the best is {best.precision_lower:.3f} at accept={best.accept:.2f}" if best else "")
+            + best_text
             + ": label more data, lower the precision target, or use a better-separating judge"
         )
     elif reject_row is None:

@@ -12,6 +12,7 @@ names the file and line).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import types
@@ -89,7 +90,8 @@ def _summary(report: CalibrationReport) -> str:
         f"{report.split.calibration_labels} for choosing, {report.split.holdout_labels} held out "
         f"(split by {report.split.unit})",
         f"records: {report.log.records} ({report.log.errors} judge errors, never used as scores); "
-        f"unjoined labels: {report.unjoined.count}; disagreeing duplicates: {report.conflicts.count}",
+        f"unjoined labels: {report.unjoined.count}; disagreeing duplicates: {report.conflicts.count}"
+        + (f"; rows with no relevant value yet: {report.unlabelled}" if report.unlabelled else ""),
         f"judge: ECE {report.ece:.3f}, Brier {report.brier:.3f}",
     ]
     if report.recommended is None:
@@ -115,7 +117,17 @@ def _summary(report: CalibrationReport) -> str:
 
 
 def _failure(message: str, labels: int) -> dict[str, Any]:
-    return {"labels": labels, "recommended": None, "reason": message, "holdout": None, "error": message}
+    # every key of a successful run, so a consumer reads one shape; nothing was measured
+    return {
+        "labels": labels,
+        "recommended": None,
+        "reason": message,
+        "holdout": None,
+        "ece": None,
+        "brier": None,
+        "thresholds": [],
+        "error": message,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,7 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report.write_html(args.report)
         except OSError as error:
-            print(f"llama_jev.calibrate: cannot write the report {args.report}: {error.strerror}", file=sys.stderr)
+            message = f"cannot write the report {args.report}: {error.strerror}"
+            print(f"llama_jev.calibrate: {message}", file=sys.stderr)
+            if args.json:
+                print(json.dumps(_failure(message, report.labels)))
             return EXIT_INPUT
     if args.json:
         print(report.to_json())
@@ -164,6 +179,8 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+# inspect.signature(llama_jev.calibrate) names the function's arguments whichever object it is
+__signature__ = inspect.signature(calibrate)
 
 if __name__ == "__main__":
     sys.exit(main())

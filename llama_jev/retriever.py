@@ -159,6 +159,11 @@ class JevRetriever(BaseRetriever):
         return self._judged.acl
 
     @property
+    def question(self) -> str:
+        """The yes/no question asked about every candidate (``RELEVANCE_QUESTION`` unless set)."""
+        return self._judged.question
+
+    @property
     def prefilter(self) -> bool:
         """Whether the ACL is also pushed down into the vector store as metadata filters."""
         return self._dialect is not None

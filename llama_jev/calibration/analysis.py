@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from llama_jev.calibration.mapping import fit_platt
@@ -101,10 +102,13 @@ def calibrate(
         MixedRecordsError: several purposes or versions and none chosen.
         InsufficientLabelsError: fewer than 50 joined labels or fewer than 10 in a class.
         ValueError: a target or ``holdout`` outside (0, 1).
+        TypeError: a ``seed`` that is not an int.
     """
     target_precision = _check_target("target_precision", target_precision)
     min_npv = _check_target("min_npv", min_npv)
     holdout = _check_target("holdout", holdout)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     decisions = select_records(load_records(records), purpose=purpose, version=version)
     label_list, unlabelled = load_labels(labels, query_key_secret=query_key_secret)
     joined = join_labels(decisions, label_list, unlabelled=unlabelled)
@@ -124,10 +128,16 @@ def calibrate(
     reason = None
     if accept_row is None:
         best = max(accept_rows, key=lambda row: row.precision_lower, default=None)
+        # rounded down: a best of 0.8996 must not read as meeting a target of 0.9
+        best_text = (
+            f"; the best is {math.floor(best.precision_lower * 1000) / 1000:.3f} at accept={best.accept:.2f}"
+            if best
+            else ""
+        )
         reason = (
             f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "
             f"calibration split ({len(calibration)} labels)"
-            + (f"; the best is {best.precision_lower:.3f} at accept={best.accept:.2f}" if best else "")
+            + best_text
             + ": label more data, lower the precision target, or use a better-separating judge"
         )
     elif reject_row is None:
@@ -223,9 +233,12 @@ def _check_enough(joined: JoinedLabels) -> None:
     n = len(joined.pairs)
     relevant = sum(1 for pair in joined.pairs if pair.relevant)
     irrelevant = n - relevant
-    if n >= MIN_LABELS and min(relevant, irrelevant) >= MIN_PER_CLASS:
+    groups = len({pair.group for pair in joined.pairs})
+    if n >= MIN_LABELS and min(relevant, irrelevant) >= MIN_PER_CLASS and groups >= 2:
         return
     problems = []
+    if n and groups < 2:  # the split is by query / decision: one of them leaves nothing to hold out
+        problems.append("every label is for one query or decision (need at least 2, to hold one out)")
     if n < MIN_LABELS:
         problems.append(f"{n} joined labels (need at least {MIN_LABELS})")
     if relevant < MIN_PER_CLASS:
@@ -236,6 +249,8 @@ def _check_enough(joined: JoinedLabels) -> None:
     if joined.unjoined:
         examples = ", ".join(f"{e['decision_id'] or '(query)'}/{e['node_id']}" for e in joined.unjoined_examples)
         hints.append(f"{joined.unjoined} labels joined nothing (e.g. {examples})")
+        if any(not example["decision_id"] for example in joined.unjoined_examples):
+            hints.append("labels by query join only under the secret the records were written with")
     if joined.conflicts:
         hints.append(f"{joined.conflicts} pairs had disagreeing labels and were left out")
     if joined.on_error_records:

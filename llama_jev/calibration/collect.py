@@ -106,7 +106,7 @@ def _shadow(retriever: JevRetriever, sink: list[DecisionRecord]) -> JevRetriever
         candidate_limit=retriever.candidate_limit,
         top_k=retriever.top_k,
         prefilter=retriever.prefilter,
-        question=retriever._judged.question,  # the same question as the original, not the default
+        question=retriever.question,  # the same question as the original, not the default
     )
 
 

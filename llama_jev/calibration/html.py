@@ -132,8 +132,9 @@ class _Plot:
             self.parts.append(f'<text x="{x0 + 28:.1f}" y="{y + 4:.1f}">{escape(label)}</text>')
 
     def svg(self, title: str) -> str:
+        # no xmlns: HTML puts an inline <svg> in the SVG namespace itself, and the page holds no URL
         return (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{self.total_height}" '
+            f'<svg width="{_WIDTH}" height="{self.total_height}" '
             f'viewBox="0 0 {_WIDTH} {self.total_height}" role="img" aria-label="{escape(title)}">'
             f"<title>{escape(title)}</title>" + "".join(self.parts) + "</svg>"
         )

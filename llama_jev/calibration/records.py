@@ -1,9 +1,10 @@
 """Reading decision records and labels, and joining them into (p, relevant) pairs.
 
 Records are the JSONL a :class:`~llama_jev.JsonlObserver` writes; labels are JSONL lines
-``{"node_id": ..., "relevant": true|false}`` with either ``"decision_id"`` or ``"query"``.
-Every problem is reported with the file and line it came from, and nothing is dropped
-silently: error records, unjoined labels and disagreeing duplicates are counted and returned.
+``{"node_id": ..., "relevant": true|false}`` with either ``"decision_id"`` or ``"query"``
+(``"relevant": null`` is a sheet row not labelled yet: counted, not used). Every problem is
+reported with the file and line it came from, and nothing is dropped silently: error records,
+unjoined labels and disagreeing duplicates are counted and returned.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class InsufficientLabelsError(CalibrationInputError):
 
 
 class MixedRecordsError(CalibrationInputError):
-    """The records come from more than one ``purpose`` or ``version``: pick one to calibrate."""
+    """The records come from more than one ``purpose`` or ``version``, or mix raw and mapped
+    probabilities: pick one to calibrate."""
 
 
 @dataclass(frozen=True)
@@ -132,22 +134,24 @@ class JoinedLabels:
 
 def _json_lines(path: Path) -> Iterable[tuple[int, Any]]:
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")  # decoded line by line, so a bad byte is reported at its line
     except OSError as error:
         raise CalibrationInputError(f"cannot read the file: {error.strerror or error}", path=path) from None
     with handle:
-        try:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, json.loads(line.strip())
-                except json.JSONDecodeError as error:
-                    raise CalibrationInputError(
-                        f"not valid JSON ({error.msg} at column {error.colno})", path=path, line=number
-                    ) from None
-        except UnicodeDecodeError:
-            raise CalibrationInputError("not UTF-8 text", path=path) from None
+        for number, raw in enumerate(handle, start=1):
+            try:
+                # utf-8-sig on the first line: editors on Windows start files with a BOM
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+            except UnicodeDecodeError:
+                raise CalibrationInputError("not UTF-8 text", path=path, line=number) from None
+            if not line:
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise CalibrationInputError(
+                    f"not valid JSON ({error.msg} at column {error.colno})", path=path, line=number
+                ) from None
 
 
 def _probability(value: Any) -> bool:
@@ -224,6 +228,8 @@ def load_records(records: RecordsInput) -> list[LoggedDecision]:
             )
         seen[decision.decision_id] = number
         decisions.append(decision)
+    if not decisions:
+        raise CalibrationInputError("no decision records (nothing to calibrate)", path=path)
     return decisions
 
 
@@ -249,7 +255,9 @@ def _label(entry: Any, secret: str | bytes | None, source: str, *, text: bool = 
     if not isinstance(entry, Mapping):
         raise ValueError(f"a label must be a JSON object, got {type(entry).__name__}")
     node_id = str(_text(entry, "node_id"))
-    relevant = _relevant(entry.get("relevant"), text=text)
+    if "relevant" not in entry:  # null (an unfilled sheet row) is counted; a missing key is a wrong file
+        raise ValueError("'relevant' is missing: give true or false (null for a row not labelled yet)")
+    relevant = _relevant(entry["relevant"], text=text)
     if relevant is None:
         return None  # a sheet row nobody has filled in yet
     decision_id = entry.get("decision_id") or None
@@ -305,7 +313,8 @@ def load_labels(labels: LabelsInput, *, query_key_secret: str | bytes | None = N
 
 def _csv_rows(path: Path) -> Iterable[tuple[int, Any]]:
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
+        # -sig: a spreadsheet saving "CSV UTF-8" starts the header with a BOM
+        with path.open(encoding="utf-8-sig", newline="") as handle:
             # line 1 is the header, so the first row is line 2 of the file
             rows = list(csv.DictReader(handle))
     except (OSError, UnicodeDecodeError, csv.Error) as error:
@@ -322,8 +331,8 @@ def select_records(
     """The decisions of one ``purpose`` and ``version``; refuse a mix unless one is chosen.
 
     Raises:
-        MixedRecordsError: more than one purpose or version and none selected, or the selection
-            matches nothing.
+        MixedRecordsError: more than one purpose or version and none selected, the selection
+            matches nothing, or it mixes a judge's raw probabilities with mapped ones.
     """
     chosen = [
         d for d in decisions if (purpose is None or d.purpose == purpose) and (version is None or d.version == version)
@@ -340,7 +349,20 @@ def select_records(
                 f"the records mix {len(values)} {key}s {values}: calibrating them together would blend "
                 f"different set-ups; choose one with {option} (API: {key}=)"
             )
+    scales = {_scale(d.model) for d in chosen if d.model}
+    if len(scales) > 1:
+        models = sorted({d.model for d in chosen if d.model})
+        raise MixedRecordsError(
+            f"the records mix raw and mapped probabilities (models {models}; a CalibratedJudge writes "
+            "<model>+<mapping>): thresholds over both scales would mean nothing; give each set-up its own "
+            "ExecutionOptions(version=...) and choose one with --version (API: version=)"
+        )
     return chosen
+
+
+def _scale(model: str) -> str:
+    """``"raw"``, or the mapping a :class:`~llama_jev.CalibratedJudge` appended (``jev-1+platt``)."""
+    return model.rpartition("+")[2] if "+" in model else "raw"
 
 
 def join_labels(decisions: Sequence[LoggedDecision], labels: Sequence[Label], *, unlabelled: int = 0) -> JoinedLabels:

@@ -6,6 +6,7 @@ per authorized candidate -> order by probability -> limit. See ``README.md`` for
 
 from llama_jev.acl import Acl, MetadataAcl, check_acl
 from llama_jev.audit import JsonlObserver
+from llama_jev.calibration import CalibratedJudge
 from llama_jev.client import JevClient, RetryPolicy
 from llama_jev.context import RuntimeContext, current_runtime_context, resolve_runtime_context, runtime_context
 from llama_jev.errors import (
@@ -53,6 +54,7 @@ __all__ = [
     "RELEVANCE_QUESTION",
     "Acl",
     "AnswerFunction",
+    "CalibratedJudge",
     "Candidate",
     "CandidateSelector",
     "CandidateTooLargeError",

@@ -602,21 +602,28 @@ class MarcoCrossEncoder:
         return [float(value) for value in self.window_logits(ids[0], ids[1:])]
 
     def window_logits(
-        self, query_ids: list[int], windows: Sequence[list[int]], *, deadline: float | None = None
+        self,
+        query_ids: list[int],
+        windows: Sequence[list[int]],
+        *,
+        deadline: float | None = None,
+        batch_size: int | None = None,
     ) -> NDArray[np.float32]:
         """The logit of each passage window (token ids) for the query (its first 64 tokens).
 
         ``deadline`` (a :func:`time.monotonic` value): ``TimeoutError`` instead of starting a
-        batch after it.
+        batch after it. ``batch_size`` overrides the model's (default 1: each logit independent
+        of the other windows, since int8 activations are quantised per batch).
         """
         model = self._loaded()
         head = [model.cls_id, *query_ids[: self.max_query_tokens], model.sep_id]
         out = np.zeros(len(windows), dtype=np.float32)
+        size = batch_size or self.batch_size
         order = sorted(range(len(windows)), key=lambda index: len(windows[index]))
-        for start in range(0, len(order), self.batch_size):
+        for start in range(0, len(order), size):
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"the deadline passed with {len(order) - start} of {len(order)} windows left")
-            batch = order[start : start + self.batch_size]
+            batch = order[start : start + size]
             rows = [[*head, *windows[index], model.sep_id] for index in batch]
             width = max(len(row) for row in rows)
             input_ids = np.full((len(rows), width), model.pad_id, dtype=np.int64)
@@ -836,6 +843,14 @@ _PARAMETERS_ASSET = "assets/local_judge.json"
 DEFAULT_WINDOW_TOKENS: Final = 96
 """Tokens per window of :class:`LocalRelevanceJudge`: the fit saw passages of up to 50 tokens, and
 a short answer inside a long window is diluted in the embeddings' average."""
+# The most windows of one passage in one forward pass.
+_PASSAGE_BATCH: Final = 16
+
+
+def _batch(windows: Sequence[list[int]]) -> int:
+    return max(1, min(len(windows), _PASSAGE_BATCH))
+
+
 DEFAULT_WINDOW_OVERLAP: Final = 32
 """Tokens shared by consecutive windows: any sentence of up to 32 tokens lies whole in one window."""
 FEATURES: Final = ("cross_encoder_logit", "bge_cosine", "minilm_cosine", "paraphrase_cosine")
@@ -1009,31 +1024,32 @@ class LocalRelevanceJudge(_PassageJudge):
         if not query.strip() or not present:
             return [empty for _ in passages]
         query_ids, bge_query, minilm_query, paraphrase_query = self._query_side(query, deadline)
-        windows: list[list[int]] = []
-        counts: list[int] = []
-        for ids in self.encoder.token_ids(present):
-            cut = self._cut(ids)
-            windows.extend(cut)
-            counts.append(len(cut))
-        columns = [self.cross_encoder.window_logits(query_ids, windows, deadline=deadline).astype(np.float64)]
+        cuts = [self._cut(ids) for ids in self.encoder.token_ids(present)]
+        # Model by model (its weights stay in the CPU caches), each passage's windows in their own
+        # forward pass: int8 activations are quantised per batch, so batching candidates together
+        # would make a candidate's answer depend on which other candidates share the request.
+        columns = [
+            [
+                self.cross_encoder.window_logits(query_ids, cut, deadline=deadline, batch_size=_batch(cut))
+                for cut in cuts
+            ]
+        ]
         for encoder, query_vectors in (
             (self.bge, bge_query),
             (self.encoder, minilm_query),
             (self.paraphrase, paraphrase_query),
         ):
-            # One window per forward pass: a passage's answer never depends on the other candidates.
-            vectors = encoder.encode_token_windows(windows, deadline=deadline, batch_size=1)
-            columns.append(np.max(vectors @ query_vectors.T, axis=1).astype(np.float64))
-        table = np.column_stack(columns)
-        bounds = iter(itertools.pairwise(itertools.accumulate(counts, initial=0)))
-        result = []
-        for passage in passages:
-            if passage.strip():
-                start, end = next(bounds)
-                result.append(table[start:end])
-            else:
-                result.append(empty)
-        return result
+            columns.append(
+                [
+                    np.max(
+                        encoder.encode_token_windows(cut, deadline=deadline, batch_size=_batch(cut)) @ query_vectors.T,
+                        axis=1,
+                    )
+                    for cut in cuts
+                ]
+            )
+        tables = iter([np.column_stack(values).astype(np.float64) for values in zip(*columns, strict=True)])
+        return [next(tables) if passage.strip() else empty for passage in passages]
 
     def raw_probability(self, features: Sequence[float]) -> float:
         """The fitted combination of one window's :data:`FEATURES`, before calibration."""

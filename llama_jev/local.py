@@ -913,6 +913,10 @@ class LocalRelevanceJudge(_PassageJudge):
         window_overlap: tokens shared by consecutive windows of a long text (default 64).
         query_cache_size: queries whose embeddings are kept (default 128; 0 disables the cache).
 
+    Raises:
+        ImportError: at construction, when a package of the ``local`` extra is not installed.
+        ValueError: ``parameters`` or the window settings are not valid.
+
     Example:
         >>> from llama_jev import CandidateSelector, Candidate, ExecutionOptions, Mode, RELEVANCE_QUESTION
         >>> selector = CandidateSelector(LocalRelevanceJudge(), ExecutionOptions(mode=Mode.ENFORCE))
@@ -971,6 +975,12 @@ class LocalRelevanceJudge(_PassageJudge):
             raise ValueError(f"window_overlap must be an integer in [0, window_tokens / 2], got {window_overlap!r}")
         self.window_tokens = window_tokens
         self.window_overlap = window_overlap
+        for carrier in {BgeSmallEncoder._file[0], ParaphraseMiniLMEncoder._file[0], MarcoCrossEncoder._file[0]}:
+            # Checked now, not at the first request: a missing extra is a setup error, not a judge failure.
+            try:
+                importlib.metadata.distribution(carrier)
+            except importlib.metadata.PackageNotFoundError:
+                raise ImportError(f"{_INSTALL_HINT} (missing: {carrier})") from None
         self.encoder = encoder if encoder is not None else MiniLMEncoder()
         self.bge = bge if bge is not None else BgeSmallEncoder()
         self.paraphrase = paraphrase if paraphrase is not None else ParaphraseMiniLMEncoder()

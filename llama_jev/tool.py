@@ -7,6 +7,8 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools import FunctionTool
 
 from llama_jev.context import current_runtime_context
+from llama_jev.errors import MissingRuntimeContextError
+from llama_jev.evidence import record_evidence
 
 __all__ = ["TOOL_DESCRIPTION", "TOOL_NAME", "JevKnowledgeTool"]
 
@@ -25,7 +27,9 @@ class JevKnowledgeTool:
     The model sees one parameter, ``query``. Who is asking comes from the :class:`RuntimeContext`
     bound around the agent's ``run()``, never from tool arguments, so a model cannot search as
     somebody else. A judge failure or an inconclusive judgement is raised, which agents show the
-    model as a tool error, never as an empty result.
+    model as a tool error, never as an empty result. The passages it returns are added to the
+    evidence collector bound for the run (see :func:`~llama_jev.collect_evidence`), which is what
+    :class:`~llama_jev.JevReviewedAgent` reviews the final answer against.
 
     Example:
         >>> tool = JevKnowledgeTool(jev_retriever, top_k=5).as_tool()  # doctest: +SKIP
@@ -45,22 +49,42 @@ class JevKnowledgeTool:
     def search(self, query: str) -> list[dict[str, str]]:
         """Passages relevant to ``query`` that the bound identity may read: ``[{"id", "text"}]``."""
         _check_query(query)
-        current_runtime_context()  # no bound identity: fail here, before any retrieval
+        _require_identity()  # no bound identity: fail here, before any retrieval
         return self._passages(self.retriever.retrieve(query))
 
     async def asearch(self, query: str) -> list[dict[str, str]]:
         """Async :meth:`search`."""
         _check_query(query)
-        current_runtime_context()
+        _require_identity()
         return self._passages(await self.retriever.aretrieve(query))
 
     def _passages(self, nodes: list[NodeWithScore]) -> list[dict[str, str]]:
-        return [{"id": node.node.node_id, "text": node.node.get_content()} for node in nodes[: self.top_k]]
+        returned = nodes[: self.top_k]
+        # What the model is shown is the evidence its answer is reviewed against (JevReviewedAgent).
+        record_evidence(returned)
+        return [{"id": node.node.node_id, "text": node.node.get_content()} for node in returned]
 
     def as_tool(self) -> FunctionTool:
         """The LlamaIndex ``FunctionTool`` named ``search_knowledge`` (sync and async)."""
         return FunctionTool.from_defaults(
             fn=self.search, async_fn=self.asearch, name=TOOL_NAME, description=TOOL_DESCRIPTION
+        )
+
+
+def _require_identity() -> None:
+    try:
+        current_runtime_context()
+    except MissingRuntimeContextError:
+        missing = True
+    else:
+        missing = False
+    if missing:
+        # Raised outside the except block: the generic error would only repeat "wrap the call",
+        # which a user binding after agent.run() started believes they did.
+        raise MissingRuntimeContextError(
+            f"{TOOL_NAME} ran with no RuntimeContext bound. An agent's tools see the identity bound "
+            "when agent.run() was called: bind it before run() starts "
+            "(`with runtime_context(ctx): handler = agent.run(...)`, then await the handler), not after."
         )
 
 

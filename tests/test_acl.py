@@ -73,7 +73,7 @@ DECISIONS = [
     # public flag forms
     pytest.param(PUBLIC, ALICE, {"public": "true"}, True, id="public-str-true"),
     pytest.param(PUBLIC, ALICE, {"public": 1}, True, id="public-int-1"),
-    pytest.param(PUBLIC, ALICE, {"public": True}, False, id="public-bool-true-not-public"),
+    pytest.param(PUBLIC, ALICE, {"public": True}, True, id="public-bool-true"),
     pytest.param(PUBLIC, ALICE, {"public": "True"}, False, id="public-str-True-not-public"),
     pytest.param(PUBLIC, ALICE, {"public": "yes"}, False, id="public-yes-not-public"),
     pytest.param(PUBLIC, ALICE, {"public": "1"}, False, id="public-str-1-not-public"),
@@ -211,11 +211,14 @@ def test_filters_require_a_runtime_context() -> None:
 
 
 @pytest.mark.parametrize("store", ["qdrant", "simple"])
-def test_filters_never_carry_boolean_values(store: str) -> None:
+def test_filters_carry_a_boolean_only_as_the_qdrant_public_true_match(store: str) -> None:
+    # LlamaIndex validation refuses booleans; the one boolean leaf is Qdrant's native `public == True`.
     acl = FULL if store == "qdrant" else MetadataAcl(users_key="users", roles_key="roles", public_key="public")
+    booleans = []
     for leaf in _leaves(acl.filters(ALICE, store=store)):  # type: ignore[arg-type]
         values = leaf.value if isinstance(leaf.value, list) else [leaf.value]
-        assert not any(isinstance(value, bool) for value in values)
+        booleans += [(leaf.key, leaf.operator.value, value) for value in values if isinstance(value, bool)]
+    assert booleans == ([("public", "==", True)] if store == "qdrant" else [])
 
 
 def test_filters_are_the_same_for_the_same_caller() -> None:
@@ -416,19 +419,25 @@ def test_roles_only_caller_without_roles_gets_nothing_from_either_store(
     assert _retrieve(simple_index, acl.filters(no_roles, store="simple")) == set()
 
 
-def test_a_boolean_flag_is_not_public_in_the_check_or_in_either_store() -> None:
-    # LlamaIndex filters reject booleans, so a boolean flag could never be pushed down; the ACL
-    # refuses it too, so the check and the pre-filter give the same answer (after the post-filter).
-    flagged = node("bool-public", public=True)
-    acl = MetadataAcl(public_key="public")
-    assert acl(ALICE, flagged) is False
-    simple = VectorStoreIndex([flagged], embed_model=HashEmbedding())
-    # The in-memory store's == lets True match 1 (an over-admission the ACL then removes).
-    assert _retrieve(simple, acl.filters(ALICE, store="simple")) == {flagged.node_id}
+def test_a_boolean_true_flag_is_public_in_the_check_and_in_either_store() -> None:
+    # Plain LlamaIndex code writes {"public": True}: the check, the in-memory filter and the Qdrant
+    # filter all admit it, and all refuse False.
+    flagged, unflagged = node("bool-public", public=True), node("bool-private", public=False)
+    acl = MetadataAcl(tenant_key="tenant", public_key="public")
+    tenant_flagged = node("bool-public-acme", tenant="acme", public=True)
+    assert acl(ALICE, tenant_flagged) is True
+    assert MetadataAcl(public_key="public")(ALICE, flagged) is True
+    assert MetadataAcl(public_key="public")(ALICE, unflagged) is False
+    simple = VectorStoreIndex([flagged, unflagged], embed_model=HashEmbedding())
+    assert _retrieve(simple, MetadataAcl(public_key="public").filters(ALICE, store="simple")) == {flagged.node_id}
     client = QdrantClient(location=":memory:")
     try:
-        qdrant = _qdrant_index(client, "bool_flag", [flagged])
-        assert _retrieve(qdrant, acl.filters(ALICE, store="qdrant")) == set()
+        qdrant = _qdrant_index(client, "bool_flag", [flagged, unflagged, tenant_flagged])
+        assert _retrieve(qdrant, MetadataAcl(public_key="public").filters(ALICE, store="qdrant")) == {
+            flagged.node_id,
+            tenant_flagged.node_id,
+        }
+        assert _retrieve(qdrant, acl.filters(ALICE, store="qdrant")) == {tenant_flagged.node_id}
     finally:
         client.close()
 

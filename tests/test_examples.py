@@ -394,6 +394,11 @@ def test_python_m_examples_refund_policy_runs_offline_without_a_key(tmp_path: Pa
     assert "Refunds are available for unused items returned within seven days" in alice
     assert COMPENSATION.text[:40] not in alice
     assert "Globex" not in alice
+    # What the ACL removed for alice, by key and node id only, and why the modes judge different counts.
+    assert "ACL: alice may read 4 of 7 documents" in alice
+    assert f"{COMPENSATION.key} (node {COMPENSATION.node_id[:8]}...)" in alice
+    assert "SHADOW judges only the up to top_k=3" in alice
+    assert "ENFORCE recalls max(candidate_limit=20, top_k=3)" in alice
     assert "store credit" in _section(first.stdout, SAM)
 
     # The query step alone reopens what the first run built.
@@ -469,6 +474,80 @@ def test_the_agent_example_runs_offline(tmp_path: Path, monkeypatch: pytest.Monk
     # The keyword fallback selects the policy; the local relevance model is uncertain about it.
     assert "Refunds are available for unused items" in output or "no passage was clearly relevant" in output
     assert "store credit" not in output
+    # The final-draft review: the promise is revised and passes, then the stubborn case is withheld.
+    revised, withheld = output.split("=== final-draft review, ENFORCE: ")[1:]
+    assert "NOT Jev" in output
+    assert "not live accuracy" in output
+    assert "Model call 1 -> tool call: search_knowledge({'query': 'Can I get a refund?'})" in revised
+    assert "acme/refund-policy" in revised.split("Model call 2 received from search_knowledge:")[1].splitlines()[0]
+    assert "draft p=0.05 fails; revision_1 p=0.95 passes" in revised
+    published = revised.split("Published answer: ")[1].splitlines()[0]
+    assert "unused" in published
+    assert "seven days" in published
+    assert "WITHHELD: ResponseWithheldError(reason=UNSUPPORTED, revisions=1)" in withheld
+    assert "Streamed to the user: []" in withheld
+    assert "Published answer" not in withheld
+
+
+async def test_the_review_example_revises_the_promise_then_withholds_the_stubborn_revision(
+    storage: Path, make_embedding: Any, relevance_judge: Judge
+) -> None:
+    review_judge = agent_example.choose_review_judge(environ={}).component
+    async with store.connect_async(storage) as client:
+        retriever = open_retriever(await aopen_index(client, make_embedding()), Mode.ENFORCE, relevance_judge)
+        model = agent_example.SeedsModel(keeps_conditions=True)
+        run = await agent_example.run_reviewed_agent(
+            retriever, ALICE, agent_example.REVIEW_QUESTION, review_judge, model
+        )
+        stubborn_model = agent_example.SeedsModel(keeps_conditions=False)
+        stubborn = await agent_example.run_reviewed_agent(
+            retriever, ALICE, agent_example.REVIEW_QUESTION, review_judge, stubborn_model
+        )
+
+    # The second model call received the refund policy, and so did the reviser.
+    assert REFUND_POLICY.node_id in model.received_ids
+    assert REFUND_POLICY.node_id in model.revision_evidence_ids
+    assert model.drafts == [agent_example.UNCONDITIONAL_DRAFT]
+    assert run.withheld is None
+    assert run.answer is not None
+    assert "unused" in run.answer
+    assert "seven days" in run.answer
+    assert [(r.rejected, r.selected) for r in run.records] == [(("draft",), ()), ((), ("revision_1",))]
+    assert run.streamed == [run.answer]  # the reviewed answer only; the draft was never streamed
+    # The judge was asked about the policy text both times.
+    assert isinstance(review_judge, ScriptedJudge)
+    first, second = (request.state for request in review_judge.requests[:2])
+    assert isinstance(first, dict)
+    assert isinstance(second, dict)
+    assert REFUND_POLICY.text in [item["text"] for item in first["evidence"]]
+    assert first["evidence"] == second["evidence"]
+
+    assert stubborn.answer is None
+    assert stubborn.withheld is not None
+    assert stubborn.withheld.reason == "UNSUPPORTED"
+    assert stubborn.streamed == []
+    assert agent_example.UNCONDITIONAL_DRAFT not in str(stubborn.withheld)
+
+
+async def test_with_a_typesafe_key_the_review_example_asks_the_server(storage: Path, make_embedding: Any) -> None:
+    with SystemOneTestServer(agent_example.grounding_rule, api_key="sk-review-test") as server:
+        choice = agent_example.choose_review_judge(
+            environ={"TYPESAFE_API_KEY": "sk-review-test", "TYPESAFE_BASE_URL": server.base_url}
+        )
+        assert isinstance(choice.component, JevClient)
+        assert "sk-review-test" not in choice.label
+        async with store.connect_async(storage) as client, choice.component as judge:
+            retriever = open_retriever(
+                await aopen_index(client, make_embedding()), Mode.ENFORCE, ScriptedJudge(always_relevant)
+            )
+            model = agent_example.SeedsModel()
+            run = await agent_example.run_reviewed_agent(retriever, ALICE, agent_example.REVIEW_QUESTION, judge, model)
+        received = server.received_text()
+    assert run.answer is not None
+    assert "seven days" in run.answer
+    assert server.request_count == 2  # the draft, then the revision
+    assert REFUND_POLICY.text in received
+    assert agent_example.UNCONDITIONAL_DRAFT in received
 
 
 def test_keyword_embedding_is_deterministic_and_unit_length() -> None:

@@ -387,9 +387,9 @@ def names_of(nodes: Sequence[NodeWithScore]) -> list[str]:
     return [str(node.node.metadata["name"]) for node in nodes]
 
 
-def test_from_index_on_the_in_memory_store_post_filters_only(jev_server: SystemOneTestServer) -> None:
+def test_from_index_on_the_in_memory_store_prefilters(jev_server: SystemOneTestServer) -> None:
     retriever = JevRetriever.from_index(memory_index(), selector(client(jev_server)), ACL, top_k=10)
-    assert retriever.prefilter is False
+    assert retriever.prefilter is True
     with runtime_context(ALICE):
         assert names(retriever.retrieve(QUERY)) == ["acme-refund", "acme-alice-note"]
 
@@ -404,9 +404,13 @@ def test_from_index_on_qdrant_prefilters(jev_server: SystemOneTestServer, tmp_pa
     assert result == ["acme-refund", "acme-compensation"]
 
 
-def test_prefilter_on_the_in_memory_store_that_cannot_express_the_acl_fails_at_construction() -> None:
-    with pytest.raises(ValueError, match="cannot be expressed as a filter for the in-memory"):
-        JevRetriever(memory_index().as_retriever(), selector(ScriptedJudge(marked_answer)), ACL, prefilter=True)
+def test_prefilter_on_the_in_memory_store_expresses_any_metadata_acl() -> None:
+    # A node-id restriction computed by the ACL itself: tenant AND (users OR roles OR public) works.
+    retriever = JevRetriever(
+        memory_index().as_retriever(similarity_top_k=10), selector(ScriptedJudge(marked_answer)), ACL, prefilter=True
+    )
+    with runtime_context(ALICE):
+        assert names(retriever.retrieve(QUERY)) == ["acme-refund", "acme-alice-note"]
 
 
 def test_prefilter_requires_a_metadata_acl() -> None:

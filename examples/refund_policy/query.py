@@ -6,7 +6,10 @@ knowledge base's :class:`~llama_jev.MetadataAcl`, and each user asks the questio
 bound :class:`~llama_jev.RuntimeContext`, first in SHADOW mode (the judge only records its view),
 then in ENFORCE mode (only passages the judge accepts are returned). For each, the printout shows
 the passages the answer generator (the LLM of a query engine) would receive, and the decision
-record the judgement produced.
+record the judgement produced. Before each user's answers it prints what the ACL removes for that
+user (document keys and node ids, never text). SHADOW and ENFORCE judge different numbers of
+candidates on purpose: SHADOW judges the ``top_k`` passages it serves (what OFF would serve),
+ENFORCE recalls ``max(candidate_limit, top_k)`` so the judge has more to choose from.
 """
 
 from __future__ import annotations
@@ -183,6 +186,28 @@ def user_heading(user: kb.User) -> str:
     return f"=== user: {user.name} ({user.who}; tenant {user.context.tenant_id}) ==="
 
 
+def render_acl(user: kb.User, *, prefilter: bool = True) -> str:
+    """What the ACL removes for ``user``: counts and document keys with node ids, never text."""
+    removed = [document for document in kb.DOCUMENTS if document.key not in kb.readable_by(user)]
+    where = (
+        "pushed down into Qdrant, so these never leave the store (the records count only what it returned)"
+        if prefilter
+        else "removed after retrieval (the records count them as denied)"
+    )
+    summary = f"ACL: {user.name} may read {len(kb.DOCUMENTS) - len(removed)} of {len(kb.DOCUMENTS)} documents; {where}."
+    lines = [textwrap.fill(summary, width=_WIDTH, subsequent_indent="  ")]
+    lines.append(f"  removed {len(removed)}:")
+    lines += [f"    {document.key} (node {document.node_id[:8]}...)" for document in removed]
+    return "\n".join(lines)
+
+
+def _why_candidates(mode: Mode) -> str:
+    # SHADOW must serve exactly what OFF would, so it judges only those; ENFORCE recalls more to choose from.
+    if mode is Mode.ENFORCE:
+        return f"ENFORCE recalls max(candidate_limit={CANDIDATE_LIMIT}, top_k={TOP_K}) and judges all it gets"
+    return f"SHADOW judges only the up to top_k={TOP_K} it serves, exactly what OFF would serve"
+
+
 def render(outcome: Outcome) -> str:
     """A readable account of one outcome: passages, then the decision record."""
     lines = [f"--- {_MODE_LINES[outcome.mode]}"]
@@ -203,17 +228,18 @@ def render(outcome: Outcome) -> str:
             lines.append(_wrap(passage.node.get_content(), "         "))
     timing = f"  retrieval {outcome.seconds * 1000:.0f} ms"
     for record in outcome.records:
-        lines.append(
-            f"  Decision record: status {record.status.value}, {record.candidates} candidates judged "
-            f"in {record.elapsed_ms:.0f} ms by {record.model}"
+        # Compact: the fields a JSONL calibration log holds, ids and probabilities, never any text.
+        summary = (
+            f"Record {record.decision_id[:8]}: {record.status.value} / {record.reason.value}; retrieved "
+            f"{record.retrieved}, ACL denied {record.denied}, judged {record.candidates} "
+            f"({_why_candidates(outcome.mode)}); {record.elapsed_ms:.0f} ms, model {record.model}"
         )
+        lines.append(textwrap.fill(summary, width=_WIDTH, initial_indent="  ", subsequent_indent="    "))
         verdicts = [("selected", record.selected), ("uncertain", record.uncertain), ("rejected", record.rejected)]
         for verdict, ids in verdicts:
-            for node_id in ids:
-                lines.append(f"    {verdict:<9} p={record.scores[node_id]:.2f}  {kb.BY_ID[node_id].key}")
-        # One line, as a JSONL calibration log stores it: ids and probabilities, never any text.
-        lines.append("    as JSON:")
-        lines.append(f"      {record.to_json()}")
+            if ids:
+                judged = ", ".join(f"{kb.BY_ID[node_id].key} {record.scores[node_id]:.2f}" for node_id in ids)
+                lines.append(_wrap(f"{verdict}: {judged}", "    "))
     if not outcome.records:
         lines.append("  No decision record (no judgement in this mode).")
     lines.append(timing)
@@ -314,6 +340,7 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
 
         for user in users:
             print(f"\n{user_heading(user)}")
+            print(render_acl(user))
             for mode in (Mode.SHADOW, Mode.ENFORCE):
                 print(render(ask(index, judge.component, user, mode, args.question)))
     print(f"\n{FOOTER}")

@@ -1,0 +1,195 @@
+"""``CalibrationReport``: everything a calibration run found, as JSON and as one HTML page."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "AcceptThreshold",
+    "CalibrationReport",
+    "EnforceReplay",
+    "HoldoutResult",
+    "LogSummary",
+    "ProblemSummary",
+    "RecommendedThresholds",
+    "ReliabilityRow",
+    "RejectThreshold",
+    "SplitSummary",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RecommendedThresholds(_Frozen):
+    """The thresholds to configure: ``CandidateSelector(..., reject=..., accept=...)``."""
+
+    reject: float
+    accept: float
+
+
+class AcceptThreshold(_Frozen):
+    """One row of the accept sweep (calibration split): what ``p >= accept`` selects."""
+
+    accept: float
+    selected: int
+    precision: float
+    precision_lower: float
+    recall: float
+    coverage: float
+
+
+class RejectThreshold(_Frozen):
+    """One row of the reject sweep (calibration split): what ``p <= reject`` rejects."""
+
+    reject: float
+    rejected: int
+    npv: float
+    npv_lower: float
+    coverage: float
+
+
+class EnforceReplay(_Frozen):
+    """Shares of logged retrievals ENFORCE would have answered, returned empty, raised
+    inconclusive, or failed (judge errors) at the given thresholds."""
+
+    reject: float
+    accept: float
+    retrievals: int
+    answered: float
+    empty: float
+    inconclusive: float
+    unavailable: float
+
+
+class HoldoutResult(_Frozen):
+    """The recommended thresholds measured on the held-out split only (``None``: undefined,
+    e.g. precision when nothing was selected)."""
+
+    labels: int
+    selected: int
+    rejected: int
+    precision: float | None
+    precision_lower: float | None
+    npv: float | None
+    npv_lower: float | None
+    coverage: float
+    uncertain: float
+    recall: float | None
+    enforce: EnforceReplay
+    """Per held-out retrieval: what ENFORCE would have done."""
+
+
+class ReliabilityRow(_Frozen):
+    """One of 10 equal-width bins of p over every joined pair."""
+
+    lower: float
+    upper: float
+    count: int
+    mean_p: float | None
+    rate: float | None
+
+
+class SplitSummary(_Frozen):
+    """How the joined pairs were split (by ``unit``, never by pair)."""
+
+    unit: str
+    seed: int
+    holdout_share: float
+    calibration_labels: int
+    holdout_labels: int
+    calibration_groups: int
+    holdout_groups: int
+
+
+class LogSummary(_Frozen):
+    """The records read: how many, of which purpose / version / model, how many judge errors."""
+
+    purpose: str
+    version: str
+    models: list[str]
+    records: int
+    errors: int
+    error_rate: float
+    skipped: int
+
+
+class ProblemSummary(_Frozen):
+    """A kind of label that could not be used: how many, and a few examples (ids, file:line)."""
+
+    count: int
+    examples: list[dict[str, str]]
+
+
+class CalibrationReport(_Frozen):
+    """The result of :func:`~llama_jev.calibration.calibrate` (and of the CLI's ``--json``).
+
+    ``recommended`` is ``None`` when no thresholds meet the targets (``reason`` says why).
+    ``holdout`` measures the recommendation on the held-out split; ``thresholds`` is the accept
+    sweep on the calibration split, where the choice is made; ``ece``, ``brier`` and
+    ``reliability`` describe the judge on every joined pair. ``mapping`` is a Platt mapping
+    fitted on the calibration split (load it with ``mapping_from_dict`` and wrap the judge in
+    ``CalibratedJudge`` when the raw probabilities are off).
+
+    Example:
+        >>> report = calibrate("decisions.jsonl", "labels.jsonl")  # doctest: +SKIP
+        >>> report.recommended  # doctest: +SKIP
+        RecommendedThresholds(reject=0.12, accept=0.86)
+    """
+
+    labels: int
+    relevant: int
+    irrelevant: int
+    recommended: RecommendedThresholds | None
+    reason: str | None
+    targets: dict[str, float]
+    holdout: HoldoutResult | None
+    ece: float
+    brier: float
+    reliability: list[ReliabilityRow]
+    thresholds: list[AcceptThreshold]
+    reject_thresholds: list[RejectThreshold]
+    enforce: EnforceReplay | None
+    """Every logged retrieval replayed at the recommended thresholds."""
+    enforce_default: EnforceReplay
+    """Every logged retrieval replayed at the default 0.2 / 0.8."""
+    split: SplitSummary
+    log: LogSummary
+    unjoined: ProblemSummary
+    conflicts: ProblemSummary
+    labels_on_error_records: int
+    unlabelled: int
+    duplicate_labels: int
+    mapping: dict[str, Any]
+    mapping_holdout: dict[str, float]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when thresholds are recommended, 1 when the targets are not met on the data."""
+        return 0 if self.recommended is not None else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON types."""
+        return self.model_dump(mode="json")
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """The report as one JSON object (the CLI's ``--json`` output)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def to_html(self) -> str:
+        """One self-contained HTML page: inline SVG charts, no script, no network."""
+        from llama_jev.calibration.html import render_report
+
+        return render_report(self)
+
+    def write_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`to_html` to ``path`` (UTF-8) and return the path."""
+        target = Path(path)
+        target.write_text(self.to_html(), encoding="utf-8")
+        return target

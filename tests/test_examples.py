@@ -32,6 +32,7 @@ from examples.refund_policy.query import (
     walkthrough,
 )
 from llama_jev import DecisionRecord, JevClient, Judge, Mode, RetrievalInconclusiveError, RuntimeContext, ScriptedJudge
+from llama_jev.serve import UncertainElsewhere
 from llama_jev.testing import SystemOneTestServer
 
 from .support import HashEmbedding
@@ -298,6 +299,25 @@ def test_sam_receives_the_compensation_rule_when_relevant(reopened: tuple[Any, A
     assert COMPENSATION.key in outcome.keys
     assert REFUND_POLICY.node_id not in record.rejected
     assert (REFUND_POLICY.key in outcome.keys) == (REFUND_POLICY.node_id in record.selected)
+
+
+@needs_local
+def test_with_only_a_base_url_the_example_judges_through_the_served_local_judge(
+    reopened: tuple[Any, Any], local_judge: Any
+) -> None:
+    index, _ = reopened
+    in_process = ask(index, local_judge, ALICE, Mode.ENFORCE)
+    with SystemOneTestServer(judge=UncertainElsewhere(local_judge)) as server:
+        choice = models.choose_judge(environ={"TYPESAFE_BASE_URL": server.base_url})
+        assert isinstance(choice.component, JevClient)
+        with choice.component as client:
+            over_http = ask(index, client, ALICE, Mode.ENFORCE)
+    assert server.request_count == 1
+    (http_record,) = over_http.records
+    (local_record,) = in_process.records
+    assert http_record.model == local_record.model == "local-relevance-v1"
+    assert http_record.scores == local_record.scores
+    assert type(over_http.error) is type(in_process.error)
 
 
 def test_shadow_returns_what_off_returns_and_records_the_judgement(

@@ -273,6 +273,8 @@ def render_header(store_line: str, embedding: Choice, judge: Choice, question: s
 FOOTER = """\
 Next steps:
   - Set TYPESAFE_API_KEY to judge with TypeSafe's Jev (TYPESAFE_BASE_URL for another System One server).
+  - Or serve the offline judge over HTTP: python -m llama_jev.serve --judge local --port 8000, then run
+    this with TYPESAFE_BASE_URL=http://127.0.0.1:8000 (the same judge, through JevClient).
   - Set QDRANT_URL (and QDRANT_API_KEY if needed) to use a Qdrant server, e.g. docker/docker-compose.yml.
   - Wrap your own retriever the same way: JevRetriever(retriever, CandidateSelector(judge, options), acl)."""
 

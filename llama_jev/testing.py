@@ -40,8 +40,9 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from llama_jev.judge import AnswerFunction, ScriptedValue, answer_request
-from llama_jev.wire import ChoiceQuestion, Instructions, ScoreQuestion, SystemOneRequest
+from llama_jev.errors import JevBadRequestError, JevTimeoutError
+from llama_jev.judge import AnswerFunction, Judge, ScriptedValue, answer_request
+from llama_jev.wire import ChoiceQuestion, Instructions, ScoreQuestion, SystemOneRequest, SystemOneResult
 
 __all__ = ["Fault", "RecordedRequest", "SystemOneTestServer"]
 
@@ -361,8 +362,13 @@ class SystemOneTestServer:
             values on purpose use :meth:`Fault.probability`.
         api_key: when set, requests without ``Authorization: Bearer <api_key>`` get 401
             ``{"error": "invalid API key"}``.
-        model: the ``model`` reported in every answer.
+        model: the ``model`` reported in every answer (with ``judge``: the judge's own).
         latency: seconds every request waits before it is answered.
+        judge: answer every valid request with this :class:`~llama_jev.Judge` instead of
+            ``answer`` (``llama_jev.serve`` serves the offline judge this way). A
+            :class:`~llama_jev.JevBadRequestError` it raises is a 422, a timeout a 504, any other
+            failure a 500.
+        host, port: where to listen (default ``127.0.0.1`` and an ephemeral port).
 
     Routes: ``POST /v1/systemone``, ``GET /v1/models``; anything else gets a JSON 404 (or 405).
     Faults (:meth:`inject`, :meth:`inject_always`) apply only to ``POST /v1/systemone``
@@ -392,8 +398,17 @@ class SystemOneTestServer:
         api_key: str | None = None,
         model: str = "jev-test-1",
         latency: float = 0.0,
+        judge: Judge | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
+        if judge is not None and answer is not None:
+            raise ValueError("pass an answer function or a judge, not both")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
         self._answer = answer
+        self._judge = judge
+        self._address = (host, port)
         self._api_key = api_key
         self.model = model
         self._latency = _non_negative(latency)
@@ -414,9 +429,9 @@ class SystemOneTestServer:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> SystemOneTestServer:
-        """Bind an ephemeral port on 127.0.0.1 and serve in a daemon thread; no-op if running.
+        """Bind the port (by default an ephemeral one on 127.0.0.1) and serve in a daemon thread.
 
-        A server stopped and started again gets a new port.
+        A no-op if running. A server stopped and started again gets a new ephemeral port.
         """
         with self._lock:
             if self._httpd is not None:
@@ -488,8 +503,11 @@ class SystemOneTestServer:
 
     @property
     def base_url(self) -> str:
-        """``http://127.0.0.1:<port>``, what a client's ``base_url`` should be."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://<host>:<port>``, what a client's ``base_url`` should be (``127.0.0.1`` by default)."""
+        host = self._address[0]
+        if host in ("", "0.0.0.0"):  # listening on every address: loopback reaches it  # noqa: S104
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -660,7 +678,7 @@ class SystemOneTestServer:
         if not self._authorized(headers.get("authorization", "")):
             return _json_response(401, {"error": "invalid API key"}, error="missing or wrong API key")
         if path == MODELS_PATH:
-            return _json_response(200, _MODELS)
+            return _json_response(200, _MODELS if self._judge is None else self._judge_models())
         return self._answer_body(body, fault)
 
     def _authorized(self, authorization: str) -> bool:
@@ -680,6 +698,8 @@ class SystemOneTestServer:
                     error="invalid JSON body",
                 )
             return _json_response(422, {"detail": _validation_detail(error)}, error="invalid request body")
+        if self._judge is not None:
+            return self._judge_answer(request, fault)
         with self._lock:
             answer = self._answer
         try:
@@ -689,6 +709,28 @@ class SystemOneTestServer:
             return _json_response(500, {"error": message}, error=message)
         payload = result.model_dump(mode="json")
         payload["usage"] = {"input_tokens": len(body) // 4, "output_tokens": 0}
+        if fault is not None:
+            _corrupt(payload["answers"], fault, request)
+        return _json_response(200, payload)
+
+
+    def _judge_models(self) -> dict[str, Any]:
+        name = str(getattr(self._judge, "model", self.model))
+        return {"models": [{"name": name, "description": f"{type(self._judge).__name__} served by llama_jev"}]}
+
+    def _judge_answer(self, request: SystemOneRequest, fault: Fault | None) -> _Response:
+        assert self._judge is not None
+        try:
+            result: SystemOneResult = self._judge.system_one(request)
+        except JevBadRequestError as error:
+            detail = [{"loc": ["body", "questions"], "msg": str(error), "type": "value_error"}]
+            return _json_response(422, {"detail": detail}, error="the judge refused the request")
+        except JevTimeoutError:
+            return _json_response(504, {"error": "the judge timed out"}, error="judge timeout")
+        except Exception as error:  # any other failure of the judge is the server's 500
+            message = f"the judge failed: {type(error).__name__}"
+            return _json_response(500, {"error": message}, error=message)
+        payload = result.model_dump(mode="json")
         if fault is not None:
             _corrupt(payload["answers"], fault, request)
         return _json_response(200, payload)
@@ -717,12 +759,12 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, owner: SystemOneTestServer) -> None:
         self.owner = owner
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(owner._address, _Handler)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN, which can take seconds without DNS.
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.owner._accepted(request)

@@ -273,6 +273,8 @@ def render_header(store_line: str, embedding: Choice, judge: Choice, question: s
 FOOTER = """\
 Next steps:
   - Set TYPESAFE_API_KEY to judge with TypeSafe's Jev (TYPESAFE_BASE_URL for another System One server).
+  - Or serve the offline judge over HTTP: python -m llama_jev.serve --judge local --port 8000, then run
+    this with TYPESAFE_BASE_URL=http://127.0.0.1:8000 (the same judge, through JevClient).
   - Set QDRANT_URL (and QDRANT_API_KEY if needed) to use a Qdrant server, e.g. docker/docker-compose.yml.
   - Wrap your own retriever the same way: JevRetriever(retriever, CandidateSelector(judge, options), acl)."""
 
@@ -304,11 +306,15 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
     print(render_header(store.describe(store.client_options(args.storage)), embedding, judge, args.question))
 
     print()
-    encoder = getattr(embedding.component, "encoder", None)
-    if encoder is not None:
+    # Once, up front, so the first query's latency is the query's own.
+    local_models = [
+        part for part in (getattr(embedding.component, "encoder", None), judge.component) if hasattr(part, "load")
+    ]
+    if local_models:
         started = time.perf_counter()
-        encoder.load()  # once, up front, so the first query's latency is the query's own
-        print(f"Loaded the local model in {time.perf_counter() - started:.2f} s")
+        for part in local_models:
+            part.load()
+        print(f"Loaded the local models in {time.perf_counter() - started:.2f} s")
 
     if ingest_if_missing or args.rebuild:
         # Step 1, with its own client, closed before step 2 reopens the folder (Qdrant local

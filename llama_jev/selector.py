@@ -2,7 +2,7 @@
 
 The rules live in pure functions (:func:`plan_batches`, :func:`classify`) and in the selector's
 ``_plan`` / ``_finish`` / ``_failed`` steps; ``select`` and ``aselect`` differ only in how they
-wait for the batches (a thread pool or asyncio tasks).
+wait for the batches (a thread pool shared by the process, or asyncio tasks).
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -27,8 +30,17 @@ from llama_jev.execution import (
     Selection,
     Status,
 )
+from llama_jev.governor import current_queue_wait_ms, measure_queue_wait
 from llama_jev.judge import RELEVANCE_QUESTION, Judge
-from llama_jev.wire import Instructions, NoulQuestion, Question, SystemOneRequest, SystemOneResult, check_result
+from llama_jev.wire import (
+    Instructions,
+    NoulAnswer,
+    NoulQuestion,
+    Question,
+    SystemOneRequest,
+    SystemOneResult,
+    check_result,
+)
 
 if TYPE_CHECKING:
     from llama_jev.context import RuntimeContext
@@ -40,12 +52,15 @@ __all__ = [
     "CandidateSelector",
     "classify",
     "estimate_tokens",
+    "even_out",
     "plan_batches",
 ]
 
 MAX_CANDIDATES = 1024
 # Fixed cost of one question in the request (id, type, the instruction keys).
 _QUESTION_OVERHEAD_TOKENS = 16
+# Threads shared by every synchronous judgement of the process (see _executor).
+_EXECUTOR_THREADS = 64
 
 logger = logging.getLogger("llama_jev.selector")
 
@@ -93,6 +108,36 @@ def plan_batches(
     return batches
 
 
+def even_out(
+    batches: Sequence[Sequence[Candidate]], *, fixed_tokens: int, batch_size: int, max_request_tokens: int
+) -> list[list[Candidate]]:
+    """The same candidates in as many requests, with the estimated tokens spread evenly.
+
+    Packing fills requests up to the budget and leaves the remainder in the last one
+    (308 + 308 + 308 + 100); a server answers a wave when its largest request is done, so
+    evening out (256 x 4) makes the wave shorter. Order is kept; when an even split would
+    break a limit (very uneven candidate sizes), the packed batches are returned unchanged.
+    """
+    if len(batches) < 2:
+        return [list(batch) for batch in batches]
+    count = len(batches)
+    flat = [candidate for batch in batches for candidate in batch]
+    costs = [estimate_tokens(candidate.text) + _QUESTION_OVERHEAD_TOKENS for candidate in flat]
+    total = sum(costs)
+    even: list[list[Candidate]] = [[] for _ in range(count)]
+    used = [fixed_tokens] * count
+    before = 0
+    for candidate, cost in zip(flat, costs, strict=True):
+        # A candidate goes to the request its midpoint falls in, on the cumulative cost scale.
+        slot = min(count - 1, (2 * before + cost) * count // (2 * total))
+        even[slot].append(candidate)
+        used[slot] += cost
+        before += cost
+    if any(not 1 <= len(batch) <= batch_size for batch in even) or max(used) > max_request_tokens:
+        return [list(batch) for batch in batches]
+    return even
+
+
 def classify(scores: Mapping[str, float], *, reject: float, accept: float) -> Selection:
     """Accept ``p >= accept``, reject ``p <= reject``, the rest is uncertain (bounds inclusive).
 
@@ -127,10 +172,14 @@ class CandidateSelector:
         judge: a :class:`~llama_jev.JevClient`, :class:`~llama_jev.ScriptedJudge` or any ``Judge``.
         options: the :class:`~llama_jev.ExecutionOptions` (mode, budget, version, observer).
         reject: ``p <= reject`` is rejected. accept: ``p >= accept`` is selected. Between is uncertain.
-        batch_size: most questions per request (default 64).
+        batch_size: most questions per request (default 1024: the token budget decides).
         max_request_tokens: estimated token budget per request (state + questions); TypeSafe
-            allows about 32k, the default keeps a margin.
-        max_concurrency: most requests in flight at once for one judgement.
+            allows about 32k, the default 30,000 keeps a margin. Requests are packed up to this
+            budget and then evened out, so 1,024 passages of ~100 tokens make 4 requests of 256.
+        max_concurrency: most requests in flight at once for one judgement (default 16, so up
+            to 16 x 30k estimated tokens, e.g. 1,024 passages of ~450 tokens, go out in one
+            wave). The client's own bound (``JevClient(max_in_flight=16)``) is shared by every
+            judgement using it and adapts to 429/529.
         purpose: the label written into records.
 
     Example:
@@ -152,9 +201,9 @@ class CandidateSelector:
         reject: float = 0.2,
         accept: float = 0.8,
         *,
-        batch_size: int = 64,
+        batch_size: int = MAX_CANDIDATES,
         max_request_tokens: int = 30_000,
-        max_concurrency: int = 8,
+        max_concurrency: int = 16,
         purpose: str = "retrieval_relevance",
     ) -> None:
         if not isinstance(judge, Judge):
@@ -217,15 +266,26 @@ class CandidateSelector:
         batches = plan_batches(
             candidates, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
         )
+        batches = even_out(
+            batches, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
+        )
+        if batches:
+            # The state is the caller's and is validated once, by a full request; the questions
+            # are built from checked strings, so the requests are assembled without validating
+            # the same shapes a thousand times.
+            SystemOneRequest(state=state, questions={"item_0": NoulQuestion(instructions=question)})
         requests, ids = [], []
         for batch in batches:
-            items = {f"item_{index}": candidate for index, candidate in enumerate(batch)}
-            questions: dict[str, Question] = {
-                item: NoulQuestion(instructions={"question": question, "candidate": candidate.text})
-                for item, candidate in items.items()
-            }
-            requests.append(SystemOneRequest(state=state, questions=questions))
-            ids.append({item: candidate.id for item, candidate in items.items()})
+            questions: dict[str, Question] = {}
+            batch_ids: dict[str, str] = {}
+            for index, candidate in enumerate(batch):
+                item = f"item_{index}"
+                questions[item] = NoulQuestion.model_construct(
+                    instructions={"question": question, "candidate": candidate.text}
+                )
+                batch_ids[item] = candidate.id
+            requests.append(SystemOneRequest.model_construct(state=state, questions=questions))
+            ids.append(batch_ids)
         return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates))
 
     def _record(
@@ -254,19 +314,23 @@ class CandidateSelector:
             uncertain=selection.uncertain if selection else (),
             rejected=selection.rejected if selection else (),
             scores=dict(selection.scores) if selection else {},
+            queue_ms=current_queue_wait_ms(),
         )
 
     def _scores(self, plan: _Plan, results: Sequence[SystemOneResult]) -> tuple[dict[str, float], str | None]:
         """Probability by candidate id, and the answering model(s), from checked results.
 
         Any ``Judge`` is checked here, not only ``JevClient``: a wrong answer is a judge failure
-        (``ERROR``), never a selection.
+        (``ERROR``), never a selection. ``check_result`` skips results the client has already
+        checked against the same request, so each answer is walked once.
         """
         scores: dict[str, float] = {}
         for request, ids, result in zip(plan.requests, plan.ids, results, strict=True):
-            check_result(request, result)
+            answers = check_result(request, result).answers
             for item, node_id in ids.items():
-                p = result.noul(item)
+                answer = answers[item]
+                p = answer.noul if isinstance(answer, NoulAnswer) else None
+                # Also for results built without validation (model_construct) by a custom judge.
                 if not (isinstance(p, float) and math.isfinite(p) and 0.0 <= p <= 1.0):
                     raise JevInvalidResponseError(f"answer {item!r}: probability {p!r} is not in [0, 1]")
                 scores[node_id] = p
@@ -356,29 +420,26 @@ class CandidateSelector:
         if isinstance(started, Decision):
             return started
         plan, budget = started
-        try:
-            scores, model = self._scores(plan, self._gather(plan, budget))
-        except Exception as error:
-            return self._observe(ctx, self._failed(plan, budget, error))
-        return self._observe(ctx, self._finish(plan, budget, scores, model))
+        with measure_queue_wait():
+            try:
+                scores, model = self._scores(plan, self._gather(plan, budget))
+            except Exception as error:
+                return self._observe(ctx, self._failed(plan, budget, error))
+            return self._observe(ctx, self._finish(plan, budget, scores, model))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
-        # A pool per judgement: max_concurrency bounds this judgement alone, and batches of one
-        # caller never wait behind another caller's. Even a single batch goes through it, so the
-        # budget holds for a judge that ignores its timeout.
-        pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(self.max_concurrency, len(plan.requests)), thread_name_prefix="llama-jev-judge"
-        )
+        # Batches run on the process's shared pool, even a single one, so the budget holds for a
+        # judge that ignores its timeout; at most max_concurrency of this judgement at a time.
+        calls = _BoundedCalls(self.max_concurrency)
+        futures = [
+            calls.submit(contextvars.copy_context().run, self._call_sync, request, budget) for request in plan.requests
+        ]
         try:
-            futures = [
-                pool.submit(contextvars.copy_context().run, self._call_sync, request, budget)
-                for request in plan.requests
-            ]
             done, pending = concurrent.futures.wait(
                 futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
             )
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            calls.cancel()
         for future in futures:
             if future in done and future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
@@ -409,15 +470,16 @@ class CandidateSelector:
         if isinstance(started, Decision):
             return started
         plan, budget = started
-        try:
-            scores, model = self._scores(plan, await self._agather(plan, budget))
-        except asyncio.CancelledError:
-            record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
-            self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
-            raise
-        except Exception as error:
-            return self._observe(ctx, self._failed(plan, budget, error))
-        return self._observe(ctx, self._finish(plan, budget, scores, model))
+        with measure_queue_wait():
+            try:
+                scores, model = self._scores(plan, await self._agather(plan, budget))
+            except asyncio.CancelledError:
+                record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
+                self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
+                raise
+            except Exception as error:
+                return self._observe(ctx, self._failed(plan, budget, error))
+            return self._observe(ctx, self._finish(plan, budget, scores, model))
 
     async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         limit = asyncio.Semaphore(self.max_concurrency)
@@ -446,6 +508,95 @@ class CandidateSelector:
         if pending:
             raise TimeoutError("the judgement budget ran out before every batch was answered")
         return [task.result() for task in tasks]
+
+
+_executor_lock = threading.Lock()
+_shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads every synchronous judgement of the process shares, started on first use.
+
+    A pool per judgement cost ~2 ms of thread start-up each time; one shared, bounded pool
+    costs nothing per call. Threads beyond what is busy are only started when needed.
+    """
+    global _shared_executor
+    with _executor_lock:
+        if _shared_executor is None:
+            _shared_executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=_EXECUTOR_THREADS, thread_name_prefix="llama-jev-judge"
+            )
+        return _shared_executor
+
+
+def _forget_executor() -> None:
+    # A forked child has the parent's pool object but none of its threads.
+    global _shared_executor, _executor_lock
+    _shared_executor = None
+    _executor_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_executor)
+
+
+class _BoundedCalls:
+    """Submits one judgement's batches to the shared pool, at most ``limit`` running at once.
+
+    The rest wait here, not in the pool's queue, so one judgement of many batches never holds
+    the shared threads while other judgements' batches wait behind it.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._lock = threading.Lock()
+        self._limit = limit
+        self._running = 0
+        self._waiting: list[tuple[concurrent.futures.Future[SystemOneResult], Callable[[], SystemOneResult]]] = []
+        self._cancelled = False
+
+    def submit(self, run: Callable[..., SystemOneResult], *args: object) -> concurrent.futures.Future[SystemOneResult]:
+        outer: concurrent.futures.Future[SystemOneResult] = concurrent.futures.Future()
+        call = functools.partial(run, *args)
+        with self._lock:
+            if self._running >= self._limit:
+                self._waiting.append((outer, call))
+                return outer
+            self._running += 1
+        self._start(outer, call)
+        return outer
+
+    def _start(self, outer: concurrent.futures.Future[SystemOneResult], call: Callable[[], SystemOneResult]) -> None:
+        if not outer.set_running_or_notify_cancel():
+            self._next()
+            return
+        inner = _executor().submit(call)
+        inner.add_done_callback(lambda done: self._settle(outer, done))
+
+    def _settle(
+        self, outer: concurrent.futures.Future[SystemOneResult], inner: concurrent.futures.Future[SystemOneResult]
+    ) -> None:
+        error = TimeoutError("the judgement ended before this batch ran") if inner.cancelled() else inner.exception()
+        if error is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(inner.result())
+        self._next()
+
+    def _next(self) -> None:
+        with self._lock:
+            if self._cancelled or not self._waiting:
+                self._running -= 1
+                return
+            outer, call = self._waiting.pop(0)
+        self._start(outer, call)
+
+    def cancel(self) -> None:
+        """Drop the batches not started yet (the judgement has its answer or ran out of time)."""
+        with self._lock:
+            self._cancelled = True
+            waiting, self._waiting = self._waiting, []
+        for outer, _ in waiting:
+            outer.cancel()
 
 
 def _bound_context() -> RuntimeContext | None:

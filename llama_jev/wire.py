@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, StrictStr, field_validator, model_validator
 
 from llama_jev.errors import JevInvalidResponseError
 
@@ -141,9 +141,37 @@ class SystemOneRequest(_Outgoing):
             raise ValueError("model must not be blank")
         return model
 
+    @model_validator(mode="after")
+    def _finite_numbers(self) -> SystemOneRequest:
+        # JSON has no NaN or Infinity: refused here, so encoding never writes them (or a null).
+        parts: list[Any] = [self.state]
+        for question in self.questions.values():
+            criteria = question.criteria
+            parts.append(question.instructions)
+            parts.append(criteria.model_dump() if isinstance(criteria, NoulCriteria) else criteria)
+        if not all(_finite(part) for part in parts):
+            raise ValueError("numbers in a request must be finite (JSON has no NaN or Infinity)")
+        return self
+
     def wire(self) -> dict[str, Any]:
         """The JSON body as sent: ``None`` fields are left out."""
         return self.model_dump(mode="json", exclude_none=True)
+
+    def wire_json(self) -> bytes:
+        """The JSON body as sent, encoded (UTF-8): what :meth:`wire` gives, serialised in one step."""
+        return self.__pydantic_serializer__.to_json(self, exclude_none=True)
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, str) or value is None:
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(item) for item in value)
+    return True
 
 
 class NoulAnswer(_Incoming):
@@ -188,6 +216,9 @@ class SystemOneResult(_Incoming):
     model: StrictStr
     answers: dict[str, Answer]
     usage: Usage
+    # Set by check_result: the request these very answers were checked against, so a result
+    # that the client has already checked is not walked again by the selector.
+    _checked: tuple[SystemOneRequest, dict[str, Answer]] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _not_empty(self) -> SystemOneResult:
@@ -210,9 +241,16 @@ def check_result(request: SystemOneRequest, result: SystemOneResult) -> SystemOn
     and score distributions must be consistent with the question (same options or levels, summing
     to one, ``choice`` the most probable option, ``score`` the expectation).
 
+    A result already checked against this same ``request`` object (and still holding the same
+    answers) is returned without walking it again: every answer is checked exactly once, by
+    whoever sees it first (the client for the wire, the selector for any other judge).
+
     Raises:
         JevInvalidResponseError: naming the first question id whose answer is wrong.
     """
+    checked = result._checked
+    if checked is not None and checked[0] is request and checked[1] is result.answers:
+        return result
     asked, answered = set(request.questions), set(result.answers)
     if asked != answered:
         missing, extra = sorted(asked - answered), sorted(answered - asked)
@@ -223,6 +261,7 @@ def check_result(request: SystemOneRequest, result: SystemOneResult) -> SystemOn
         problem = _answer_problem(question, result.answers[question_id])
         if problem is not None:
             raise JevInvalidResponseError(f"answer {question_id!r}: {problem}")
+    result._checked = (request, result.answers)
     return result
 
 

@@ -165,6 +165,8 @@ class JevClient:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if not model.strip():
             raise ValueError("model must not be blank")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
         self._key = key
         self.base_url = normalize_base_url(base_url or os.environ.get(BASE_URL_ENVIRONMENT) or DEFAULT_BASE_URL)
         self.model = model

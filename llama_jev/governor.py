@@ -86,11 +86,16 @@ class Permit:
 class _Waiter:
     """One queued request: woken by whoever grants it a slot (or by its own timeout)."""
 
-    __slots__ = ("event", "future", "granted", "loop")
+    __slots__ = ("event", "future", "granted", "loop", "meter", "started")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.granted = False
         self.loop = loop
+        self.started = time.monotonic()
+        # The judgement this request belongs to (a contextvar, read here in the caller's context).
+        self.meter = _CURRENT_WAIT.get()
+        if self.meter is not None:
+            self.meter.begin(id(self), self.started)
         self.event: threading.Event | None = None if loop is not None else threading.Event()
         self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
 
@@ -213,7 +218,7 @@ class Governor:
             self._waiters.append(waiter)
             return waiter
 
-    def _next_wake(self, waiter: _Waiter, deadline: float | None, started: float) -> Permit | float | None:
+    def _next_wake(self, waiter: _Waiter, deadline: float | None) -> Permit | float | None:
         """The permit once granted; else how long to sleep before looking again (None: until woken)."""
         now = time.monotonic()
         with self._lock:
@@ -221,25 +226,23 @@ class Governor:
                 # A pause that has just ended wakes nobody by itself: the first waiter to notice does.
                 self._dispatch(now)
             if waiter.granted:
-                return self._admit_waited(now - started)
+                self._note_wait(waiter, now - waiter.started)
+                return Permit(epoch=self._epoch, waited=now - waiter.started)
             if deadline is not None and (now >= deadline or self._paused_until >= deadline):
                 self._waiters.remove(waiter)
                 self._queue_timeouts += 1
-                self._note_wait(now - started)
+                self._note_wait(waiter, now - waiter.started)
                 raise _queue_timeout(self._paused_until > now)
             wake_at = deadline
             if self._paused_until > now:
                 wake_at = self._paused_until if wake_at is None else min(wake_at, self._paused_until)
             return None if wake_at is None else max(0.0, wake_at - now)
 
-    def _admit_waited(self, waited: float) -> Permit:
-        self._note_wait(waited)
-        return Permit(epoch=self._epoch, waited=waited)
-
-    def _note_wait(self, waited: float) -> None:
+    def _note_wait(self, waiter: _Waiter, waited: float) -> None:
         self._waited += waited
         self._max_waited = max(self._max_waited, waited)
-        report_queue_wait(waited)
+        if waiter.meter is not None:
+            waiter.meter.end(id(waiter), waited)
 
     def _abandon(self, waiter: _Waiter) -> None:
         """The waiter's caller went away (cancelled, interrupted): give back what it holds."""
@@ -250,6 +253,8 @@ class Governor:
             else:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
+            if waiter.meter is not None:
+                waiter.meter.end(id(waiter), time.monotonic() - waiter.started)
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -263,10 +268,9 @@ class Governor:
         entered = self._enter(deadline, None)
         if isinstance(entered, Permit):
             return entered
-        started = time.monotonic()
         try:
             while True:
-                step = self._next_wake(entered, deadline, started)
+                step = self._next_wake(entered, deadline)
                 if isinstance(step, Permit):
                     return step
                 assert entered.event is not None
@@ -284,10 +288,9 @@ class Governor:
         entered = self._enter(deadline, loop)
         if isinstance(entered, Permit):
             return entered
-        started = time.monotonic()
         try:
             while True:
-                step = self._next_wake(entered, deadline, started)
+                step = self._next_wake(entered, deadline)
                 if isinstance(step, Permit):
                     return step
                 assert entered.future is not None
@@ -341,22 +344,40 @@ def _queue_timeout(paused: bool) -> JevTimeoutError:
 
 
 class QueueWait:
-    """The longest time one request of a judgement waited for admission (see :func:`measure_queue_wait`)."""
+    """The longest time one request of a judgement waited for admission (see :func:`measure_queue_wait`).
+
+    A wait still going on counts as far as it has got, so a judgement that ends while a request
+    is queued (its budget ran out) records that wait too.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seconds = 0.0
+        self._open: dict[int, float] = {}
 
     def add(self, seconds: float) -> None:
-        """Note one request's wait (requests of a judgement report from several threads)."""
+        """Note one request's finished wait (requests of a judgement report from several threads)."""
         with self._lock:
+            self._seconds = max(self._seconds, seconds)
+
+    def begin(self, key: int, at: float) -> None:
+        """A request (``key``) started waiting at monotonic time ``at``."""
+        with self._lock:
+            self._open[key] = at
+
+    def end(self, key: int, seconds: float) -> None:
+        """The request ``key`` stopped waiting after ``seconds``."""
+        with self._lock:
+            self._open.pop(key, None)
             self._seconds = max(self._seconds, seconds)
 
     @property
     def seconds(self) -> float:
-        """The longest single wait so far, in seconds."""
+        """The longest single wait so far (finished or not), in seconds."""
+        now = time.monotonic()
         with self._lock:
-            return self._seconds
+            ongoing = max((now - at for at in self._open.values()), default=0.0)
+            return max(self._seconds, ongoing)
 
     @property
     def ms(self) -> float:

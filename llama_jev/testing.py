@@ -363,6 +363,12 @@ class SystemOneTestServer:
             ``{"error": "invalid API key"}``.
         model: the ``model`` reported in every answer.
         latency: seconds every request waits before it is answered.
+        in_flight_limit: like a rate-limited production server, answer a System One request
+            that arrives while this many are being handled with an immediate 429 and a
+            ``Retry-After`` of ``limit_retry_after`` seconds (``None``: no limit). Refused
+            requests are recorded (status 429, fault ``Fault.rate_limited``) but do not count in
+            :attr:`max_in_flight`; :attr:`rate_limited_count` counts them.
+        limit_retry_after: the ``Retry-After`` sent with those 429s (fractions allowed).
 
     Routes: ``POST /v1/systemone``, ``GET /v1/models``; anything else gets a JSON 404 (or 405).
     Faults (:meth:`inject`, :meth:`inject_always`) apply only to ``POST /v1/systemone``
@@ -392,7 +398,15 @@ class SystemOneTestServer:
         api_key: str | None = None,
         model: str = "jev-test-1",
         latency: float = 0.0,
+        in_flight_limit: int | None = None,
+        limit_retry_after: float = 0.1,
     ) -> None:
+        if in_flight_limit is not None and (
+            isinstance(in_flight_limit, bool) or not isinstance(in_flight_limit, int) or in_flight_limit < 1
+        ):
+            raise ValueError(f"in_flight_limit must be a positive integer or None, got {in_flight_limit!r}")
+        self._in_flight_limit = in_flight_limit
+        self._over_limit = Fault.rate_limited(retry_after=_non_negative(limit_retry_after))
         self._answer = answer
         self._api_key = api_key
         self.model = model
@@ -581,6 +595,12 @@ class SystemOneTestServer:
             return self._max_in_flight
 
     @property
+    def rate_limited_count(self) -> int:
+        """How many requests got a 429, from ``in_flight_limit`` or from an injected fault."""
+        with self._lock:
+            return sum(1 for request in self._requests if request.status == 429)
+
+    @property
     def connections_opened(self) -> int:
         """How many TCP connections the server accepted; 1 for a client reusing one connection."""
         with self._lock:
@@ -632,18 +652,22 @@ class SystemOneTestServer:
         with self._lock:
             self._handler_threads.discard(threading.current_thread())
 
-    def _begin(self, *, faultable: bool) -> tuple[Fault | None, float]:
+    def _begin(self, *, faultable: bool) -> tuple[Fault | None, float, bool]:
+        """The fault and latency for a new request, and whether it is handled (counted in flight)."""
         with self._lock:
+            if faultable and self._in_flight_limit is not None and self._in_flight >= self._in_flight_limit:
+                return self._over_limit, 0.0, False
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
             fault: Fault | None = None
             if faultable:
                 fault = self._faults.popleft() if self._faults else self._always
-            return fault, self._latency
+            return fault, self._latency, True
 
-    def _end(self, record: RecordedRequest) -> None:
+    def _end(self, record: RecordedRequest, *, counted: bool = True) -> None:
         with self._lock:
-            self._in_flight -= 1
+            if counted:
+                self._in_flight -= 1
             self._requests.append(record)
 
     def _route(self, method: str, path: str, headers: Mapping[str, str], body: bytes, fault: Fault | None) -> _Response:
@@ -792,7 +816,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:  # the client hung up mid-body: nobody to answer
             self.close_connection = True
             return
-        fault, latency = owner._begin(faultable=self.command == "POST" and path == SYSTEM_ONE_PATH)
+        fault, latency, counted = owner._begin(faultable=self.command == "POST" and path == SYSTEM_ONE_PATH)
         headers = self._header_dict()
         response: _Response | None = None
         try:
@@ -817,7 +841,8 @@ class _Handler(BaseHTTPRequestHandler):
                     status=None if response is None or response.drop else response.status,
                     error=None if response is None else response.error,
                     connection=owner._connection_ordinal(self.connection),
-                )
+                ),
+                counted=counted,
             )
         self._write(response)
 

@@ -63,7 +63,7 @@ def with_probability(node: NodeWithScore, probability: float) -> NodeWithScore:
             "excluded_embed_metadata_keys": _with_key(source.excluded_embed_metadata_keys),
         }
     )
-    return NodeWithScore.model_construct(node=copy, score=node.score)
+    return NodeWithScore(node=copy, score=node.score)
 
 
 def _with_key(keys: list[str]) -> list[str]:

@@ -274,14 +274,16 @@ class CandidateSelector:
             # are built from checked strings, so the requests are assembled without validating
             # the same shapes a thousand times.
             SystemOneRequest(state=state, questions={"item_0": NoulQuestion(instructions=question)})
+        template = NoulQuestion(instructions={"question": question, "candidate": ""})
         requests, ids = [], []
         for batch in batches:
             questions: dict[str, Question] = {}
             batch_ids: dict[str, str] = {}
             for index, candidate in enumerate(batch):
                 item = f"item_{index}"
-                questions[item] = NoulQuestion.model_construct(
-                    instructions={"question": question, "candidate": candidate.text}
+                # model_copy(update=...) sets the new value without validating it (it is a str).
+                questions[item] = template.model_copy(
+                    update={"instructions": {"question": question, "candidate": candidate.text}}
                 )
                 batch_ids[item] = candidate.id
             requests.append(SystemOneRequest.model_construct(state=state, questions=questions))

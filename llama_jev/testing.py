@@ -670,7 +670,9 @@ class SystemOneTestServer:
                 self._in_flight -= 1
             self._requests.append(record)
 
-    def _route(self, method: str, path: str, headers: Mapping[str, str], body: bytes, fault: Fault | None) -> _Response:
+    def _route(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, parsed: Any, fault: Fault | None
+    ) -> _Response:
         if path not in (SYSTEM_ONE_PATH, MODELS_PATH):
             return _json_response(404, {"error": f"no route {path}"}, error="unknown path")
         allowed = "POST" if path == SYSTEM_ONE_PATH else "GET"
@@ -685,7 +687,7 @@ class SystemOneTestServer:
             return _json_response(401, {"error": "invalid API key"}, error="missing or wrong API key")
         if path == MODELS_PATH:
             return _json_response(200, _MODELS)
-        return self._answer_body(body, fault)
+        return self._answer_body(body, parsed, fault)
 
     def _authorized(self, authorization: str) -> bool:
         if self._api_key is None:
@@ -693,16 +695,16 @@ class SystemOneTestServer:
         scheme, _, token = authorization.partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self._api_key.encode())
 
-    def _answer_body(self, body: bytes, fault: Fault | None) -> _Response:
+    def _answer_body(self, body: bytes, parsed: Any, fault: Fault | None) -> _Response:
+        if parsed is _NOT_JSON:
+            return _json_response(
+                422,
+                {"detail": [{"loc": ["body"], "msg": "the body is not JSON", "type": "json_invalid"}]},
+                error="invalid JSON body",
+            )
         try:
-            request = SystemOneRequest.model_validate(_known_fields(json.loads(body)))
-        except ValueError as error:  # pydantic's ValidationError and json's JSONDecodeError both
-            if not isinstance(error, ValidationError):
-                return _json_response(
-                    422,
-                    {"detail": [{"loc": ["body"], "msg": "the body is not JSON", "type": "json_invalid"}]},
-                    error="invalid JSON body",
-                )
+            request = SystemOneRequest.model_validate(_known_fields(parsed))
+        except ValidationError as error:
             return _json_response(422, {"detail": _validation_detail(error)}, error="invalid request body")
         with self._lock:
             answer = self._answer
@@ -818,13 +820,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         fault, latency, counted = owner._begin(faultable=self.command == "POST" and path == SYSTEM_ONE_PATH)
         headers = self._header_dict()
+        # Parsed once, for the answer and for the request log (bodies of 1,000 passages are large).
+        parsed = _parse_json(body)
         response: _Response | None = None
         try:
             wait = latency + (fault.delay_seconds if fault is not None else 0.0)
             if wait > 0 and self._stopping.wait(wait):
                 response = _Response(status=0, drop=True, error="server stopped")
             else:
-                response = owner._route(self.command, path, headers, body, fault)
+                response = owner._route(self.command, path, headers, body, parsed, fault)
         finally:
             # Recorded before the response is written: a client holding its response must find
             # the request in the log, and in-flight must not count a request already answered.
@@ -834,7 +838,7 @@ class _Handler(BaseHTTPRequestHandler):
                     path=self.path,
                     headers=headers,
                     body=body,
-                    json=_parse_json(body),
+                    json=None if parsed is _NOT_JSON else parsed,
                     started=started,
                     finished=time.monotonic(),
                     fault=fault,
@@ -901,10 +905,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.readline()
 
 
+_NOT_JSON: Any = object()
+
+
 def _parse_json(body: bytes) -> Any:
+    """The parsed body, or ``_NOT_JSON`` when it is empty or not JSON."""
     if not body:
-        return None
+        return _NOT_JSON
     try:
         return json.loads(body)
     except ValueError:
-        return None
+        return _NOT_JSON

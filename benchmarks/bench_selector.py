@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import multiprocessing
 import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from multiprocessing.connection import Connection
 from typing import Any
 
+from _server import ServerProcess  # type: ignore[import-not-found]
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llama_jev import (
@@ -38,34 +36,11 @@ from llama_jev import (
     RuntimeContext,
     runtime_context,
 )
-from llama_jev.testing import SystemOneTestServer
 
 QUERY = "What are the refund conditions?"
 SIZES = (8, 64, 256, 1024)
 TEXT = "Refunds are available for unused items returned within seven days of delivery. " * 3
 CTX = RuntimeContext(user_id="bench", tenant_id="acme")
-
-
-def serve(latency: float, pipe: Connection, kwargs: dict[str, Any] | None = None) -> None:
-    """Run a test server until the parent closes its end of ``pipe``."""
-    with SystemOneTestServer(lambda state, qid, ins: 0.9, latency=latency, **(kwargs or {})) as server:
-        pipe.send(server.base_url)
-        with contextlib.suppress(EOFError):  # the parent went away without saying stop
-            pipe.recv()
-
-
-class ServerProcess:
-    """A ``SystemOneTestServer`` in a child process; ``base_url`` once started."""
-
-    def __init__(self, latency: float, **kwargs: Any) -> None:
-        self._parent, child = multiprocessing.Pipe()
-        self._process = multiprocessing.Process(target=serve, args=(latency, child, kwargs), daemon=True)
-        self._process.start()
-        self.base_url: str = self._parent.recv()
-
-    def stop(self) -> None:
-        self._parent.send("stop")
-        self._process.join(5)
 
 
 def median_seconds(run: Callable[[], object], repeat: int) -> float:

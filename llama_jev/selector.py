@@ -269,10 +269,10 @@ class CandidateSelector:
         batches = even_out(
             batches, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
         )
-        if batches:
-            # The state is the caller's and is validated once, by a full request; the questions
-            # are built from checked strings, so the requests are assembled without validating
-            # the same shapes a thousand times.
+        if batches and not isinstance(state, str):
+            # A structured state is the caller's and is validated once, by a full request; the
+            # questions are built from checked strings, so the requests are assembled without
+            # validating the same shapes a thousand times.
             SystemOneRequest(state=state, questions={"item_0": NoulQuestion(instructions=question)})
         template = NoulQuestion(instructions={"question": question, "candidate": ""})
         requests, ids = [], []

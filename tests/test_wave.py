@@ -11,11 +11,16 @@ import pytest
 from llama_index.core.schema import MetadataMode, NodeRelationship, NodeWithScore, RelatedNodeInfo, TextNode
 
 from llama_jev import (
+    RELEVANCE_QUESTION,
     Candidate,
+    CandidateSelector,
+    ExecutionOptions,
     JevInvalidResponseError,
+    Mode,
     NoulAnswer,
     NoulQuestion,
     ScriptedJudge,
+    Status,
     SystemOneRequest,
 )
 from llama_jev.pipeline import PROBABILITY_KEY, with_probability
@@ -134,3 +139,13 @@ def test_scripted_judge_results_are_checked_once_by_whoever_sees_them_first() ->
     result = ScriptedJudge(marked_answer).system_one(asked)
     assert result._checked is not None
     assert result._checked[0] is asked
+
+
+def test_a_structured_state_is_still_validated_once_before_sending() -> None:
+    judge = ScriptedJudge(marked_answer)
+    selector = CandidateSelector(judge, ExecutionOptions(mode=Mode.ENFORCE))
+    with pytest.raises(ValueError, match="finite"):
+        selector.select({"query": "refunds", "weight": float("inf")}, RELEVANCE_QUESTION, [Candidate("a", "x")])
+    assert judge.requests == []
+    decision = selector.select({"query": "refunds", "weight": 2.0}, RELEVANCE_QUESTION, [Candidate("a", "[p=0.9]")])
+    assert decision.status is Status.DECIDED

@@ -5,9 +5,9 @@
 Times, interleaved in one run so machine noise hits every variant alike: the plain Qdrant
 retriever, ``JevRetriever`` in OFF (the ACL only) and in ENFORCE with a zero-latency judge
 (``ScriptedJudge``: no I/O, so what is left is the wrapper's own work: ACL, planning, checking,
-classifying, copying the nodes, the record). Prints medians and the overhead as a percentage of
-the plain retrieval. The ACL is a ``MetadataAcl`` on the tenant; every node belongs to the
-caller's tenant so all three variants return the same 20 nodes.
+classifying, copying the nodes, the record). Prints the median and the 10th percentile of each,
+and the overhead as a percentage of the plain retrieval. The ACL is a ``MetadataAcl`` on the
+tenant; every node belongs to the caller's tenant so all three variants return the same 20 nodes.
 
 The corpus: 384-dimensional vectors (the size of all-MiniLM-L6-v2, the ``local`` extra's
 embedding; the toy ``HashEmbedding`` fills them) and passages of 8 sentences (~700 characters,
@@ -116,17 +116,22 @@ def main() -> None:
                     samples[name].append(time.perf_counter() - started)
         client.close()
 
-    base = statistics.median(samples["plain"])
     print(
         f"Qdrant local, {args.nodes} nodes ({args.dimensions}-d, {args.sentences} sentences each), "
-        f"top-{args.top_k}, {args.repeat} interleaved rounds (medians)"
+        f"top-{args.top_k}, {args.repeat} interleaved rounds"
     )
-    print(f"{'variant':>8} {'nodes':>5} {'median ms':>10} {'over plain':>11} {'overhead':>9}")
+    print("median, and p10 (the fastest tenth: what is left when other processes do not interrupt)")
+    print(f"{'variant':>8} {'nodes':>5} {'median ms':>10} {'overhead':>9} {'p10 ms':>8} {'overhead':>9}")
+    base, base_fast = statistics.median(samples["plain"]), _p10(samples["plain"])
     for name in variants:
-        median = statistics.median(samples[name])
-        extra = "" if name == "plain" else f"{(median - base) * 1000:+.3f} ms"
-        share = "" if name == "plain" else f"{(median - base) / base * 100:.1f}%"
-        print(f"{name:>8} {counts[name]:>5} {median * 1000:>10.3f} {extra:>11} {share:>9}")
+        median, fast = statistics.median(samples[name]), _p10(samples[name])
+        share = "" if name == "plain" else f"{(median - base) / base * 100:+.1f}%"
+        fast_share = "" if name == "plain" else f"{(fast - base_fast) / base_fast * 100:+.1f}%"
+        print(f"{name:>8} {counts[name]:>5} {median * 1000:>10.3f} {share:>9} {fast * 1000:>8.3f} {fast_share:>9}")
+
+
+def _p10(values: list[float]) -> float:
+    return sorted(values)[len(values) // 10]
 
 
 if __name__ == "__main__":

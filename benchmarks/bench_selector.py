@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.1, help="server latency per request, seconds")
     parser.add_argument("--repeat", type=int, default=3, help="runs per cell (median)")
     parser.add_argument("--peer-repeat", type=int, default=1, help="runs per peer cell (it is slow)")
+    parser.add_argument("--no-peer", action="store_true", help="skip the peer package even when installed")
     args = parser.parse_args()
 
     server = ServerProcess(args.latency)
@@ -130,7 +131,7 @@ def main() -> None:
     asyncio.run(async_cells())
 
     peer_columns: tuple[str, ...] = ()
-    if peer_reranker(server.base_url, 1) is not None:
+    if not args.no_peer and peer_reranker(server.base_url, 1) is not None:
         peer_columns = ("peer sync", "peer async")
         for size in SIZES:
             reranker, inputs = peer_reranker(server.base_url, size), nodes(size)

@@ -27,6 +27,7 @@ from llama_jev.errors import (
     RetrievalUnavailableError,
 )
 from llama_jev.execution import Decision, DecisionRecord, ExecutionOptions, Mode, Observer, Reason, Selection, Status
+from llama_jev.governor import Governor, GovernorStats
 from llama_jev.judge import AnswerFunction, Judge, ScriptedJudge
 from llama_jev.pipeline import PROBABILITY_KEY, JevDecisionEvent
 from llama_jev.postprocessor import JevNodePostprocessor
@@ -61,6 +62,8 @@ __all__ = [
     "Decision",
     "DecisionRecord",
     "ExecutionOptions",
+    "Governor",
+    "GovernorStats",
     "JevAPIError",
     "JevAuthenticationError",
     "JevBadRequestError",

@@ -1,6 +1,6 @@
 """Judgement wall time vs. one round trip, against the System One test server at fixed latency.
 
-    python benchmarks/bench_selector.py [--latency 0.1] [--repeat 3] [--peer-repeat 1]
+    python benchmarks/bench_selector.py [--latency 0.1] [--repeat 9] [--peer-repeat 1] [--no-peer]
 
 For 8 / 64 / 256 / 1024 candidates, with default settings, prints the median wall time of a
 sync ``select`` / async ``aselect`` and of the ``JevNodePostprocessor`` (nodes in, copies with
@@ -85,7 +85,7 @@ def peer_reranker(base_url: str, top_n: int) -> Any | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency", type=float, default=0.1, help="server latency per request, seconds")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per cell (median)")
+    parser.add_argument("--repeat", type=int, default=9, help="runs per cell (median)")
     parser.add_argument("--peer-repeat", type=int, default=1, help="runs per peer cell (it is slow)")
     parser.add_argument("--no-peer", action="store_true", help="skip the peer package even when installed")
     args = parser.parse_args()

@@ -84,7 +84,9 @@ class Permit:
 
 
 class _Waiter:
-    """One queued request: woken by whoever grants it a slot (or by its own timeout)."""
+    """One queued request: woken by whoever grants it a slot, by a new pause (to look at its
+    end), or by its own timeout. The ``granted`` flag, read under the governor's lock, is the
+    truth; a wake only says "look again"."""
 
     __slots__ = ("event", "future", "granted", "loop", "meter", "started")
 
@@ -99,12 +101,25 @@ class _Waiter:
         self.event: threading.Event | None = None if loop is not None else threading.Event()
         self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
 
-    def wake(self) -> None:
+    def arm(self) -> None:
+        """Ready the wake-up for the next sleep (with the governor's lock held, in the waiter's
+        own thread or loop), so no wake given after this is lost."""
+        if self.event is not None:
+            self.event.clear()
+        elif self.loop is not None and self.future is not None and self.future.done():
+            self.future = self.loop.create_future()
+
+    def wake(self) -> bool:
+        """Wake the waiter; ``False`` when it cannot be woken (its event loop is closed)."""
         if self.event is not None:
             self.event.set()
-        elif self.loop is not None and self.future is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: its waiter is gone with it
+            return True
+        if self.loop is not None and self.future is not None:
+            try:
                 self.loop.call_soon_threadsafe(_resolve, self.future)
+            except RuntimeError:
+                return False
+        return True
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -201,10 +216,19 @@ class Governor:
         # waiters racing for one slot, and nobody overtakes the queue.
         while self._waiters and self._can_admit(now):
             waiter = self._waiters.popleft()
+            if not waiter.wake():  # its event loop is gone: a slot given to it would never return
+                continue
             waiter.granted = True
             self._in_flight += 1
             self._admitted += 1
-            waiter.wake()
+
+    def _pause_until(self, until: float) -> None:
+        if until > self._paused_until:
+            self._paused_until = until
+            # Sleeping waiters look again, to sleep until the pause ends (or give up now if it
+            # ends after their deadline) rather than past it.
+            for waiter in self._waiters:
+                waiter.wake()
 
     def _enter(self, deadline: float | None, loop: asyncio.AbstractEventLoop | None) -> Permit | _Waiter:
         now = time.monotonic()
@@ -222,6 +246,7 @@ class Governor:
         """The permit once granted; else how long to sleep before looking again (None: until woken)."""
         now = time.monotonic()
         with self._lock:
+            waiter.arm()
             if not waiter.granted:
                 # A pause that has just ended wakes nobody by itself: the first waiter to notice does.
                 self._dispatch(now)
@@ -275,7 +300,6 @@ class Governor:
                     return step
                 assert entered.event is not None
                 entered.event.wait(step)
-                entered.event.clear()
         except BaseException as error:
             if not isinstance(error, JevTimeoutError):
                 self._abandon(entered)
@@ -294,10 +318,7 @@ class Governor:
                 if isinstance(step, Permit):
                     return step
                 assert entered.future is not None
-                if not entered.future.done():
-                    await asyncio.wait((entered.future,), timeout=step)
-                if entered.future.done():
-                    entered.future = loop.create_future()
+                await asyncio.wait((entered.future,), timeout=step)
         except BaseException as error:
             if not isinstance(error, JevTimeoutError):
                 self._abandon(entered)
@@ -325,13 +346,13 @@ class Governor:
             elif status is not None and 200 <= status < 300:
                 self._limit = min(float(self.max_limit), self._limit + 1.0 / self._limit)
             if retry_after is not None and status is not None and status >= 400:
-                self._paused_until = max(self._paused_until, now + min(retry_after, self.max_pause))
+                self._pause_until(now + min(retry_after, self.max_pause))
             self._dispatch(now)
 
     def pause(self, seconds: float) -> None:
         """Admit nothing for ``seconds`` (what a ``Retry-After`` does), capped at ``max_pause``."""
         with self._lock:
-            self._paused_until = max(self._paused_until, time.monotonic() + min(max(0.0, seconds), self.max_pause))
+            self._pause_until(time.monotonic() + min(max(0.0, seconds), self.max_pause))
 
 
 def _queue_timeout(paused: bool) -> JevTimeoutError:

@@ -554,6 +554,7 @@ class _BoundedCalls:
         self._limit = limit
         self._running = 0
         self._waiting: list[tuple[concurrent.futures.Future[SystemOneResult], Callable[[], SystemOneResult]]] = []
+        self._started: list[concurrent.futures.Future[SystemOneResult]] = []
         self._cancelled = False
 
     def submit(self, run: Callable[..., SystemOneResult], *args: object) -> concurrent.futures.Future[SystemOneResult]:
@@ -572,6 +573,8 @@ class _BoundedCalls:
             self._next()
             return
         inner = _executor().submit(call)
+        with self._lock:
+            self._started.append(inner)
         inner.add_done_callback(lambda done: self._settle(outer, done))
 
     def _settle(
@@ -593,12 +596,16 @@ class _BoundedCalls:
         self._start(outer, call)
 
     def cancel(self) -> None:
-        """Drop the batches not started yet (the judgement has its answer or ran out of time)."""
+        """Drop the batches not running yet, here or in the pool's queue (the judgement has its
+        answer or ran out of time); a batch already running finishes on its own."""
         with self._lock:
             self._cancelled = True
             waiting, self._waiting = self._waiting, []
+            started = list(self._started)
         for outer, _ in waiting:
             outer.cancel()
+        for inner in started:
+            inner.cancel()
 
 
 def _bound_context() -> RuntimeContext | None:

@@ -5,6 +5,7 @@ beyond its limit the way a production server does."""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 import httpx
 import pytest
@@ -149,3 +150,18 @@ def test_a_structured_state_is_still_validated_once_before_sending() -> None:
     assert judge.requests == []
     decision = selector.select({"query": "refunds", "weight": 2.0}, RELEVANCE_QUESTION, [Candidate("a", "[p=0.9]")])
     assert decision.status is Status.DECIDED
+
+
+def test_sync_judgements_share_their_threads() -> None:
+    seen: list[threading.Thread] = []
+
+    def answer(state: object, question_id: str, instructions: object) -> float:
+        seen.append(threading.current_thread())
+        return 0.9
+
+    selector = CandidateSelector(ScriptedJudge(answer), ExecutionOptions(mode=Mode.ENFORCE))
+    for _ in range(20):
+        selector.select("q", RELEVANCE_QUESTION, [Candidate("a", "x")])
+    assert len(seen) == 20
+    assert threading.main_thread() not in seen  # the budget holds for a judge ignoring its timeout
+    assert len({id(thread) for thread in seen}) <= 4  # reused, not one new pool per judgement

@@ -1,3 +1,4 @@
+# ruff: noqa: E402
 """What the wrapper adds to a retrieval: Qdrant local mode, top-20 over 2,000 nodes.
 
     python benchmarks/bench_overhead.py [--nodes 2000] [--top-k 20] [--dimensions 384] [--sentences 8]
@@ -17,6 +18,14 @@ vectors and texts make the plain retrieval cheaper and the same overhead a large
 """
 
 from __future__ import annotations
+
+import os
+
+# One BLAS thread: on a shared machine numpy's thread pool for the vector search makes the plain
+# retrieval swing by several milliseconds from run to run, drowning what is being measured. Set
+# before the imports below: numpy reads it when it is first imported.
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
 import argparse
 import statistics

@@ -8,9 +8,10 @@ arrive, first by shape (:class:`SystemOneResult`) and then against the request t
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 from llama_jev.errors import JevInvalidResponseError
 
@@ -216,9 +217,6 @@ class SystemOneResult(_Incoming):
     model: StrictStr
     answers: dict[str, Answer]
     usage: Usage
-    # Set by check_result: the request these very answers were checked against, so a result
-    # that the client has already checked is not walked again by the selector.
-    _checked: tuple[SystemOneRequest, dict[str, Answer]] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _not_empty(self) -> SystemOneResult:
@@ -248,8 +246,7 @@ def check_result(request: SystemOneRequest, result: SystemOneResult) -> SystemOn
     Raises:
         JevInvalidResponseError: naming the first question id whose answer is wrong.
     """
-    checked = result._checked
-    if checked is not None and checked[0] is request and checked[1] is result.answers:
+    if _is_checked(request, result):
         return result
     asked, answered = set(request.questions), set(result.answers)
     if asked != answered:
@@ -261,8 +258,24 @@ def check_result(request: SystemOneRequest, result: SystemOneResult) -> SystemOn
         problem = _answer_problem(question, result.answers[question_id])
         if problem is not None:
             raise JevInvalidResponseError(f"answer {question_id!r}: {problem}")
-    result._checked = (request, result.answers)
+    _mark_checked(request, result)
     return result
+
+
+# Results already checked, by id: the request and the very answers dict they were checked
+# against. Kept beside the results, not in them, so checking never changes a result's ``==``;
+# an entry leaves with its result (weakref callback), so an id is never mistaken for another.
+_checked: dict[int, tuple[weakref.ref[SystemOneResult], SystemOneRequest, dict[str, Answer]]] = {}
+
+
+def _mark_checked(request: SystemOneRequest, result: SystemOneResult) -> None:
+    key = id(result)
+    _checked[key] = (weakref.ref(result, lambda _: _checked.pop(key, None)), request, result.answers)
+
+
+def _is_checked(request: SystemOneRequest, result: SystemOneResult) -> bool:
+    entry = _checked.get(id(result))
+    return entry is not None and entry[0]() is result and entry[1] is request and entry[2] is result.answers
 
 
 def _answer_problem(question: Question, answer: Answer) -> str | None:

@@ -23,6 +23,7 @@ from llama_jev import (
     ScriptedJudge,
     Status,
     SystemOneRequest,
+    SystemOneResult,
 )
 from llama_jev.pipeline import PROBABILITY_KEY, with_probability
 from llama_jev.selector import estimate_tokens, even_out, plan_batches
@@ -135,11 +136,12 @@ def test_the_in_flight_limit_must_be_positive() -> None:
         SystemOneTestServer(in_flight_limit=0)
 
 
-def test_scripted_judge_results_are_checked_once_by_whoever_sees_them_first() -> None:
+def test_checking_a_result_does_not_change_its_equality() -> None:
     asked = one_question("item_0")
-    result = ScriptedJudge(marked_answer).system_one(asked)
-    assert result._checked is not None
-    assert result._checked[0] is asked
+    checked = ScriptedJudge(marked_answer).system_one(asked)
+    fresh = SystemOneResult.model_validate(checked.model_dump())
+    assert checked == fresh
+    assert check_result(asked, checked) is checked
 
 
 def test_a_structured_state_is_still_validated_once_before_sending() -> None:

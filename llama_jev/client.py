@@ -2,8 +2,10 @@
 
 The sync and async clients share one implementation: :meth:`JevClient._exchange` is a generator
 that decides everything (attempt timeouts, parsing, which failures to retry, how long to wait) and
-yields the two kinds of I/O it needs, "send this body" and "sleep this long". The sync and async
-methods only perform those steps. The httpx transport is the seam for tests and proxies.
+yields the three kinds of waiting it needs: "admit this attempt" (the client's
+:class:`~llama_jev.governor.Governor`, shared by every thread and event loop), "send this body"
+and "sleep this long". The sync and async methods only perform those steps. The httpx transport
+is the seam for tests and proxies.
 """
 
 from __future__ import annotations

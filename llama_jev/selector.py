@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import functools
 import logging
 import math
-import os
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -32,6 +29,7 @@ from llama_jev.execution import (
 )
 from llama_jev.governor import current_queue_wait_ms, measure_queue_wait
 from llama_jev.judge import RELEVANCE_QUESTION, Judge
+from llama_jev.threads import BoundedCalls
 from llama_jev.wire import (
     Instructions,
     NoulAnswer,
@@ -59,8 +57,6 @@ __all__ = [
 MAX_CANDIDATES = 1024
 # Fixed cost of one question in the request (id, type, the instruction keys).
 _QUESTION_OVERHEAD_TOKENS = 16
-# Threads shared by every synchronous judgement of the process (see _executor).
-_EXECUTOR_THREADS = 64
 
 logger = logging.getLogger("llama_jev.selector")
 
@@ -432,7 +428,7 @@ class CandidateSelector:
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         # Batches run on the process's shared pool, even a single one, so the budget holds for a
         # judge that ignores its timeout; at most max_concurrency of this judgement at a time.
-        calls = _BoundedCalls(self.max_concurrency)
+        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)
         futures = [
             calls.submit(contextvars.copy_context().run, self._call_sync, request, budget) for request in plan.requests
         ]
@@ -510,102 +506,6 @@ class CandidateSelector:
         if pending:
             raise TimeoutError("the judgement budget ran out before every batch was answered")
         return [task.result() for task in tasks]
-
-
-_executor_lock = threading.Lock()
-_shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads every synchronous judgement of the process shares, started on first use.
-
-    A pool per judgement cost ~2 ms of thread start-up each time; one shared, bounded pool
-    costs nothing per call. Threads beyond what is busy are only started when needed.
-    """
-    global _shared_executor
-    with _executor_lock:
-        if _shared_executor is None:
-            _shared_executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=_EXECUTOR_THREADS, thread_name_prefix="llama-jev-judge"
-            )
-        return _shared_executor
-
-
-def _forget_executor() -> None:
-    # A forked child has the parent's pool object but none of its threads.
-    global _shared_executor, _executor_lock
-    _shared_executor = None
-    _executor_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_executor)
-
-
-class _BoundedCalls:
-    """Submits one judgement's batches to the shared pool, at most ``limit`` running at once.
-
-    The rest wait here, not in the pool's queue, so one judgement of many batches never holds
-    the shared threads while other judgements' batches wait behind it.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._lock = threading.Lock()
-        self._limit = limit
-        self._running = 0
-        self._waiting: list[tuple[concurrent.futures.Future[SystemOneResult], Callable[[], SystemOneResult]]] = []
-        self._started: list[concurrent.futures.Future[SystemOneResult]] = []
-        self._cancelled = False
-
-    def submit(self, run: Callable[..., SystemOneResult], *args: object) -> concurrent.futures.Future[SystemOneResult]:
-        outer: concurrent.futures.Future[SystemOneResult] = concurrent.futures.Future()
-        call = functools.partial(run, *args)
-        with self._lock:
-            if self._running >= self._limit:
-                self._waiting.append((outer, call))
-                return outer
-            self._running += 1
-        self._start(outer, call)
-        return outer
-
-    def _start(self, outer: concurrent.futures.Future[SystemOneResult], call: Callable[[], SystemOneResult]) -> None:
-        if not outer.set_running_or_notify_cancel():
-            self._next()
-            return
-        inner = _executor().submit(call)
-        with self._lock:
-            self._started.append(inner)
-        inner.add_done_callback(lambda done: self._settle(outer, done))
-
-    def _settle(
-        self, outer: concurrent.futures.Future[SystemOneResult], inner: concurrent.futures.Future[SystemOneResult]
-    ) -> None:
-        error = TimeoutError("the judgement ended before this batch ran") if inner.cancelled() else inner.exception()
-        if error is not None:
-            outer.set_exception(error)
-        else:
-            outer.set_result(inner.result())
-        self._next()
-
-    def _next(self) -> None:
-        with self._lock:
-            if self._cancelled or not self._waiting:
-                self._running -= 1
-                return
-            outer, call = self._waiting.pop(0)
-        self._start(outer, call)
-
-    def cancel(self) -> None:
-        """Drop the batches not running yet, here or in the pool's queue (the judgement has its
-        answer or ran out of time); a batch already running finishes on its own."""
-        with self._lock:
-            self._cancelled = True
-            waiting, self._waiting = self._waiting, []
-            started = list(self._started)
-        for outer, _ in waiting:
-            outer.cancel()
-        for inner in started:
-            inner.cancel()
 
 
 def _bound_context() -> RuntimeContext | None:

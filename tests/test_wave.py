@@ -162,8 +162,9 @@ def test_sync_judgements_share_their_threads() -> None:
         return 0.9
 
     selector = CandidateSelector(ScriptedJudge(answer), ExecutionOptions(mode=Mode.ENFORCE))
+    before = set(threading.enumerate())
     for _ in range(20):
         selector.select("q", RELEVANCE_QUESTION, [Candidate("a", "x")])
     assert len(seen) == 20
     assert threading.main_thread() not in seen  # the budget holds for a judge ignoring its timeout
-    assert len({id(thread) for thread in seen}) <= 4  # reused, not one new pool per judgement
+    assert len(set(seen) - before) <= 1  # an existing thread reused, not a new pool per judgement

@@ -38,6 +38,7 @@ __all__ = [
     "current_queue_wait_ms",
     "measure_queue_wait",
     "report_queue_wait",
+    "reporting_queue_wait",
 ]
 
 # What the server told us by a response's status: slow down, or all is well.
@@ -423,7 +424,13 @@ def measure_queue_wait() -> Iterator[QueueWait]:
         >>> waited.ms
         250.0
     """
-    meter = QueueWait()
+    with reporting_queue_wait(QueueWait()) as meter:
+        yield meter
+
+
+@contextlib.contextmanager
+def reporting_queue_wait(meter: QueueWait) -> Iterator[QueueWait]:
+    """Like :func:`measure_queue_wait`, into a ``meter`` the caller already holds."""
     token = _CURRENT_WAIT.set(meter)
     try:
         yield meter

@@ -13,7 +13,7 @@ import contextvars
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from llama_jev.errors import CandidateTooLargeError, JevInvalidResponseError, MissingRuntimeContextError
@@ -27,7 +27,7 @@ from llama_jev.execution import (
     Selection,
     Status,
 )
-from llama_jev.governor import current_queue_wait_ms, measure_queue_wait
+from llama_jev.governor import QueueWait, reporting_queue_wait
 from llama_jev.judge import RELEVANCE_QUESTION, Judge
 from llama_jev.threads import BoundedCalls
 from llama_jev.wire import (
@@ -159,6 +159,8 @@ class _Plan:
     retrieved: int | None = None
     denied: int | None = None
     query_key: str | None = None
+    # Where the judge reports how long requests waited for admission (DecisionRecord.queue_ms).
+    queue: QueueWait = field(default_factory=QueueWait, compare=False)
 
 
 class CandidateSelector:
@@ -312,7 +314,7 @@ class CandidateSelector:
             uncertain=selection.uncertain if selection else (),
             rejected=selection.rejected if selection else (),
             scores=dict(selection.scores) if selection else {},
-            queue_ms=current_queue_wait_ms(),
+            queue_ms=plan.queue.ms,
         )
 
     def _scores(self, plan: _Plan, results: Sequence[SystemOneResult]) -> tuple[dict[str, float], str | None]:
@@ -418,20 +420,21 @@ class CandidateSelector:
         if isinstance(started, Decision):
             return started
         plan, budget = started
-        with measure_queue_wait():
-            try:
-                scores, model = self._scores(plan, self._gather(plan, budget))
-            except Exception as error:
-                return self._observe(ctx, self._failed(plan, budget, error))
-            return self._observe(ctx, self._finish(plan, budget, scores, model))
+        try:
+            scores, model = self._scores(plan, self._gather(plan, budget))
+        except Exception as error:
+            return self._observe(ctx, self._failed(plan, budget, error))
+        return self._observe(ctx, self._finish(plan, budget, scores, model))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         # Batches run on the process's shared pool, even a single one, so the budget holds for a
         # judge that ignores its timeout; at most max_concurrency of this judgement at a time.
         calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)
-        futures = [
-            calls.submit(contextvars.copy_context().run, self._call_sync, request, budget) for request in plan.requests
-        ]
+        with reporting_queue_wait(plan.queue):  # each batch's copied context reports its waits here
+            futures = [
+                calls.submit(contextvars.copy_context().run, self._call_sync, request, budget)
+                for request in plan.requests
+            ]
         try:
             done, pending = concurrent.futures.wait(
                 futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
@@ -468,16 +471,15 @@ class CandidateSelector:
         if isinstance(started, Decision):
             return started
         plan, budget = started
-        with measure_queue_wait():
-            try:
-                scores, model = self._scores(plan, await self._agather(plan, budget))
-            except asyncio.CancelledError:
-                record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
-                self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
-                raise
-            except Exception as error:
-                return self._observe(ctx, self._failed(plan, budget, error))
-            return self._observe(ctx, self._finish(plan, budget, scores, model))
+        try:
+            scores, model = self._scores(plan, await self._agather(plan, budget))
+        except asyncio.CancelledError:
+            record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
+            self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
+            raise
+        except Exception as error:
+            return self._observe(ctx, self._failed(plan, budget, error))
+        return self._observe(ctx, self._finish(plan, budget, scores, model))
 
     async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         limit = asyncio.Semaphore(self.max_concurrency)
@@ -489,7 +491,8 @@ class CandidateSelector:
                     raise TimeoutError("the judgement budget ran out before this batch was sent")
                 return await self.judge.asystem_one(request, timeout=left)
 
-        tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
+        with reporting_queue_wait(plan.queue):  # each task's copied context reports its waits here
+            tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
         try:
             done, pending = await asyncio.wait(tasks, timeout=budget.remaining(), return_when=asyncio.FIRST_EXCEPTION)
         finally:

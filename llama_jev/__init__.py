@@ -34,6 +34,7 @@ from llama_jev.errors import (
 from llama_jev.evaluation import JevGroundingEvaluator
 from llama_jev.evidence import EvidenceCollector, collect_evidence
 from llama_jev.execution import Decision, DecisionRecord, ExecutionOptions, Mode, Observer, Reason, Selection, Status
+from llama_jev.governor import Governor, GovernorStats
 from llama_jev.judge import AnswerFunction, Judge, ScriptedJudge
 from llama_jev.pipeline import PROBABILITY_KEY, JevDecisionEvent
 from llama_jev.postprocessor import JevNodePostprocessor
@@ -77,6 +78,8 @@ __all__ = [
     "EvidenceCollector",
     "EvidenceTooLargeError",
     "ExecutionOptions",
+    "Governor",
+    "GovernorStats",
     "JevAPIError",
     "JevAuthenticationError",
     "JevBadRequestError",

@@ -2,14 +2,15 @@
 
 The sync and async clients share one implementation: :meth:`JevClient._exchange` is a generator
 that decides everything (attempt timeouts, parsing, which failures to retry, how long to wait) and
-yields the two kinds of I/O it needs, "send this body" and "sleep this long". The sync and async
-methods only perform those steps. The httpx transport is the seam for tests and proxies.
+yields the three kinds of waiting it needs: "admit this attempt" (the client's
+:class:`~llama_jev.governor.Governor`, shared by every thread and event loop), "send this body"
+and "sleep this long". The sync and async methods only perform those steps. The httpx transport
+is the seam for tests and proxies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ from llama_jev.errors import (
     JevServerError,
     JevTimeoutError,
 )
+from llama_jev.governor import Governor, GovernorStats, Permit
 from llama_jev.wire import DEFAULT_MODEL, SystemOneRequest, SystemOneResult, check_result
 
 __all__ = ["DEFAULT_BASE_URL", "JevClient", "RetryPolicy"]
@@ -95,6 +97,13 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class _Admit:
+    """Wait for the governor to admit one attempt, at most ``timeout`` seconds."""
+
+    timeout: float | None
+
+
+@dataclass(frozen=True)
 class _Send:
     body: bytes
     timeout: float
@@ -105,9 +114,9 @@ class _Sleep:
     seconds: float
 
 
-_Step = _Send | _Sleep
-# What performing a step gives back to the exchange: a response, a transport failure, or nothing.
-_Outcome = httpx.Response | JevAPIError | None
+_Step = _Admit | _Send | _Sleep
+# What performing a step gives back to the exchange: a permit, a response, a failure, or nothing.
+_Outcome = Permit | httpx.Response | JevAPIError | None
 
 
 class JevClient:
@@ -121,6 +130,11 @@ class JevClient:
         model: the model name sent with each request.
         timeout: seconds allowed for one attempt (connect, send, wait, read).
         retry: the :class:`RetryPolicy`.
+        max_in_flight: the most requests this client has in flight at once, over every thread
+            and event loop using it (default 16: TypeSafe answers 429 from about 24). The bound
+            adapts: halved on 429/529, raised again by successes; a ``Retry-After`` pauses every
+            request of the client. Waiting for a slot counts against each call's ``timeout``.
+            See :attr:`stats` and :class:`~llama_jev.governor.Governor`.
         transport / async_transport: httpx transports, for tests, proxies or custom TLS.
 
     Example:
@@ -140,6 +154,7 @@ class JevClient:
         timeout: float = 5.0,
         retry: RetryPolicy | None = None,
         *,
+        max_in_flight: int = 16,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -152,11 +167,14 @@ class JevClient:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if not model.strip():
             raise ValueError("model must not be blank")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
         self._key = key
         self.base_url = normalize_base_url(base_url or os.environ.get(BASE_URL_ENVIRONMENT) or DEFAULT_BASE_URL)
         self.model = model
         self.timeout = float(timeout)
         self.retry = retry if retry is not None else RetryPolicy()
+        self.governor = Governor(max_in_flight, max_pause=self.retry.max_retry_after)
         self._transport = transport
         self._async_transport = async_transport
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
@@ -168,6 +186,11 @@ class JevClient:
 
     def __repr__(self) -> str:
         return f"JevClient(base_url={self.base_url!r}, model={self.model!r}, api_key={_REDACTED!r})"
+
+    @property
+    def stats(self) -> GovernorStats:
+        """The governor's state: limit, in flight, queued, pause, 429/529 counts, queue wait."""
+        return self.governor.stats
 
     @property
     def endpoint(self) -> str:
@@ -183,13 +206,25 @@ class JevClient:
         if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
             raise JevTimeoutError("no time left for the System One call", retryable=True)
         deadline = None if timeout is None else time.monotonic() + timeout
-        body = json.dumps(self._with_model(request).wire(), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        body = self._with_model(request).wire_json()
         retry_number = 0
         while True:
             left = math.inf if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise JevTimeoutError("the time budget ran out before the next attempt", retryable=True)
-            outcome = yield _Send(body, min(self.timeout, left))
+            admitted = yield _Admit(None if deadline is None else left)
+            if not isinstance(admitted, Permit):
+                # Waiting for admission already used the whole budget: no retry could fit.
+                raise admitted if isinstance(admitted, JevAPIError) else RuntimeError("admission without a permit")
+            outcome: _Outcome = None
+            try:
+                left = math.inf if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise JevTimeoutError("the time budget ran out waiting for admission", retryable=True)
+                outcome = yield _Send(body, min(self.timeout, left))
+            finally:
+                # Also on GeneratorExit (the caller was cancelled mid-request): the slot is given back.
+                self._release(admitted, outcome)
             if deadline is not None and time.monotonic() > deadline:
                 # httpx times each phase, not the whole attempt: a server trickling its answer
                 # could otherwise outlast the budget.
@@ -209,6 +244,14 @@ class JevClient:
                 logger.debug("System One attempt %d failed (%s); retrying in %.3f s", retry_number, error, delay)
             yield _Sleep(delay)
 
+    def _release(self, permit: Permit, outcome: _Outcome) -> None:
+        """Tell the governor how the attempt went: the status decides the limit, Retry-After the pause."""
+        if isinstance(outcome, httpx.Response):
+            retry_after = _retry_after(outcome.headers) if outcome.status_code >= 400 else None
+            self.governor.release(permit, status=outcome.status_code, retry_after=retry_after)
+        else:
+            self.governor.release(permit)
+
     def _with_model(self, request: SystemOneRequest) -> SystemOneRequest:
         # The request model defaults to the alias; a client configured for another model sends its own.
         if "model" in request.model_fields_set:
@@ -218,10 +261,10 @@ class JevClient:
     def _result(self, outcome: _Outcome, request: SystemOneRequest) -> SystemOneResult:
         if isinstance(outcome, JevAPIError):
             raise outcome
-        if outcome is None:  # pragma: no cover - a driver bug, not a server behaviour
+        if not isinstance(outcome, httpx.Response):  # pragma: no cover - a driver bug, not a server behaviour
             raise RuntimeError("the exchange was resumed without a response")
         if not 200 <= outcome.status_code < 300:
-            raise self._status_error(outcome)
+            raise self._status_error(outcome, request)
         # Each error is raised after its `except` block, never inside it: a ValidationError kept
         # as __context__ holds the response's values, and a server may echo the key in them.
         problem: str | None = None
@@ -240,9 +283,13 @@ class JevClient:
             result = result.model_copy(update={"model": _REDACTED})
         return result
 
-    def _status_error(self, response: httpx.Response) -> JevAPIError:
+    def _status_error(self, response: httpx.Response, request: SystemOneRequest) -> JevAPIError:
         status = response.status_code
         message = self._redact(_server_message(response)) or response.reason_phrase or "no message"
+        if _quotes_request(message, request):
+            # A server echoing the query or a candidate would carry document text into exceptions,
+            # and from there to logs and to an agent's LLM.
+            message = "[the server's message quoted the request's text; withheld]"
         text = f"System One returned {status}: {message}"
         if status == 401:
             return JevAuthenticationError(text, status_code=status)
@@ -284,15 +331,23 @@ class JevClient:
             JevAPIError: a subclass saying what failed (see :mod:`llama_jev.errors`).
         """
         steps = self._exchange(request, timeout)
-        step = _advance(steps, None)
-        while not isinstance(step, SystemOneResult):
-            step = _advance(steps, self._perform(step))
-        return step
+        try:
+            step = _advance(steps, None)
+            while not isinstance(step, SystemOneResult):
+                step = _advance(steps, self._perform(step))
+            return step
+        finally:
+            steps.close()
 
     def _perform(self, step: _Step) -> _Outcome:
         if isinstance(step, _Sleep):
             time.sleep(step.seconds)
             return None
+        if isinstance(step, _Admit):
+            try:
+                return self.governor.acquire(step.timeout)
+            except JevTimeoutError as error:
+                return error
         try:
             return self._sync_client().post(self.endpoint, content=step.body, timeout=step.timeout)
         except httpx.HTTPError as error:
@@ -323,15 +378,23 @@ class JevClient:
     async def asystem_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
         """The async twin of :meth:`system_one`: same rules, never blocks the event loop."""
         steps = self._exchange(request, timeout)
-        step = _advance(steps, None)
-        while not isinstance(step, SystemOneResult):
-            step = _advance(steps, await self._aperform(step))
-        return step
+        try:
+            step = _advance(steps, None)
+            while not isinstance(step, SystemOneResult):
+                step = _advance(steps, await self._aperform(step))
+            return step
+        finally:
+            steps.close()
 
     async def _aperform(self, step: _Step) -> _Outcome:
         if isinstance(step, _Sleep):
             await asyncio.sleep(step.seconds)
             return None
+        if isinstance(step, _Admit):
+            try:
+                return await self.governor.aacquire(step.timeout)
+            except JevTimeoutError as error:
+                return error
         client = self._async_client()
         try:
             return await client.post(self.endpoint, content=step.body, timeout=step.timeout)
@@ -402,6 +465,33 @@ def _transport_error(error: httpx.HTTPError) -> JevAPIError:
     if isinstance(error, httpx.TransportError):
         return JevConnectionError(f"could not reach the System One server or read its answer ({kind})", retryable=True)
     return JevConnectionError(f"the HTTP exchange failed ({kind})", retryable=True)
+
+
+# A server message sharing this many consecutive characters with the request's texts is taken to
+# quote them. Short enough to catch an echoed phrase, long enough not to fire on field names.
+_QUOTE_WINDOW = 24
+
+
+def _request_texts(value: Any) -> list[str]:
+    """Every string in a request's state or instructions (the texts that must not come back)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _request_texts(item)]
+    if isinstance(value, (list, tuple)):
+        return [text for item in value for text in _request_texts(item)]
+    return []
+
+
+def _quotes_request(message: str, request: SystemOneRequest) -> bool:
+    """Whether ``message`` repeats a run of :data:`_QUOTE_WINDOW` characters of the request's texts."""
+    if len(message) < _QUOTE_WINDOW:
+        return False
+    sent = [request.state, *(question.instructions for question in request.questions.values())]
+    corpus = "\n".join(text for text in _request_texts(sent) if len(text) >= _QUOTE_WINDOW)
+    if not corpus:
+        return False
+    return any(message[start : start + _QUOTE_WINDOW] in corpus for start in range(len(message) - _QUOTE_WINDOW + 1))
 
 
 def _server_message(response: httpx.Response) -> str:

@@ -115,6 +115,14 @@ class DecisionRecord(BaseModel):
         default=None,
         description="HMAC-SHA256 of the normalised query under the configured secret (None: no secret set).",
     )
+    queue_ms: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "The longest a request of this judgement waited for admission by the client's governor "
+            "(its bound on requests in flight, or a Retry-After pause); 0.0 for judges without one."
+        ),
+    )
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
 
     def to_json(self) -> str:

@@ -2,7 +2,7 @@
 
 The rules live in pure functions (:func:`plan_batches`, :func:`classify`) and in the selector's
 ``_plan`` / ``_finish`` / ``_failed`` steps; ``select`` and ``aselect`` differ only in how they
-wait for the batches (a thread pool or asyncio tasks).
+wait for the batches (a thread pool shared by the process, or asyncio tasks).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from llama_jev.errors import (
@@ -34,8 +34,18 @@ from llama_jev.execution import (
     Selection,
     Status,
 )
+from llama_jev.governor import QueueWait, reporting_queue_wait
 from llama_jev.judge import RELEVANCE_QUESTION, Judge
-from llama_jev.wire import Instructions, NoulQuestion, Question, SystemOneRequest, SystemOneResult, check_result
+from llama_jev.threads import BoundedCalls
+from llama_jev.wire import (
+    Instructions,
+    NoulAnswer,
+    NoulQuestion,
+    Question,
+    SystemOneRequest,
+    SystemOneResult,
+    check_result,
+)
 
 if TYPE_CHECKING:
     from llama_jev.context import RuntimeContext
@@ -47,6 +57,7 @@ __all__ = [
     "CandidateSelector",
     "classify",
     "estimate_tokens",
+    "even_out",
     "plan_batches",
 ]
 
@@ -108,6 +119,36 @@ def plan_batches(
     return batches
 
 
+def even_out(
+    batches: Sequence[Sequence[Candidate]], *, fixed_tokens: int, batch_size: int, max_request_tokens: int
+) -> list[list[Candidate]]:
+    """The same candidates in as many requests, with the estimated tokens spread evenly.
+
+    Packing fills requests up to the budget and leaves the remainder in the last one
+    (308 + 308 + 308 + 100); a server answers a wave when its largest request is done, so
+    evening out (256 x 4) makes the wave shorter. Order is kept; when an even split would
+    break a limit (very uneven candidate sizes), the packed batches are returned unchanged.
+    """
+    if len(batches) < 2:
+        return [list(batch) for batch in batches]
+    count = len(batches)
+    flat = [candidate for batch in batches for candidate in batch]
+    costs = [estimate_tokens(candidate.text) + _QUESTION_OVERHEAD_TOKENS for candidate in flat]
+    total = sum(costs)
+    even: list[list[Candidate]] = [[] for _ in range(count)]
+    used = [fixed_tokens] * count
+    before = 0
+    for candidate, cost in zip(flat, costs, strict=True):
+        # A candidate goes to the request its midpoint falls in, on the cumulative cost scale.
+        slot = min(count - 1, (2 * before + cost) * count // (2 * total))
+        even[slot].append(candidate)
+        used[slot] += cost
+        before += cost
+    if any(not 1 <= len(batch) <= batch_size for batch in even) or max(used) > max_request_tokens:
+        return [list(batch) for batch in batches]
+    return even
+
+
 def classify(scores: Mapping[str, float], *, reject: float, accept: float) -> Selection:
     """Accept ``p >= accept``, reject ``p <= reject``, the rest is uncertain (bounds inclusive).
 
@@ -133,6 +174,8 @@ class _Plan:
     retrieved: int | None = None
     denied: int | None = None
     query_key: str | None = None
+    # Where the judge reports how long requests waited for admission (DecisionRecord.queue_ms).
+    queue: QueueWait = field(default_factory=QueueWait, compare=False)
 
 
 class CandidateSelector:
@@ -142,10 +185,14 @@ class CandidateSelector:
         judge: a :class:`~llama_jev.JevClient`, :class:`~llama_jev.ScriptedJudge` or any ``Judge``.
         options: the :class:`~llama_jev.ExecutionOptions` (mode, budget, version, observer).
         reject: ``p <= reject`` is rejected. accept: ``p >= accept`` is selected. Between is uncertain.
-        batch_size: most questions per request (default 64).
+        batch_size: most questions per request (default 1024: the token budget decides).
         max_request_tokens: estimated token budget per request (state + questions); TypeSafe
-            allows about 32k, the default keeps a margin.
-        max_concurrency: most requests in flight at once for one judgement.
+            allows about 32k, the default 30,000 keeps a margin. Requests are packed up to this
+            budget and then evened out, so 1,024 passages of ~100 tokens make 4 requests of 256.
+        max_concurrency: most requests in flight at once for one judgement (default 16, so up
+            to 16 x 30k estimated tokens, e.g. 1,024 passages of ~450 tokens, go out in one
+            wave). The client's own bound (``JevClient(max_in_flight=16)``) is shared by every
+            judgement using it and adapts to 429/529.
         purpose: the label written into records.
 
     Example:
@@ -167,9 +214,9 @@ class CandidateSelector:
         reject: float = 0.2,
         accept: float = 0.8,
         *,
-        batch_size: int = 64,
+        batch_size: int = MAX_CANDIDATES,
         max_request_tokens: int = 30_000,
-        max_concurrency: int = 8,
+        max_concurrency: int = 16,
         purpose: str = "retrieval_relevance",
     ) -> None:
         if not isinstance(judge, Judge):
@@ -232,15 +279,28 @@ class CandidateSelector:
         batches = plan_batches(
             candidates, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
         )
+        batches = even_out(
+            batches, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
+        )
+        if batches and not isinstance(state, str):
+            # A structured state is the caller's and is validated once, by a full request; the
+            # questions are built from checked strings, so the requests are assembled without
+            # validating the same shapes a thousand times.
+            SystemOneRequest(state=state, questions={"item_0": NoulQuestion(instructions=question)})
+        template = NoulQuestion(instructions={"question": question, "candidate": ""})
         requests, ids = [], []
         for batch in batches:
-            items = {f"item_{index}": candidate for index, candidate in enumerate(batch)}
-            questions: dict[str, Question] = {
-                item: NoulQuestion(instructions={"question": question, "candidate": candidate.text})
-                for item, candidate in items.items()
-            }
-            requests.append(SystemOneRequest(state=state, questions=questions))
-            ids.append({item: candidate.id for item, candidate in items.items()})
+            questions: dict[str, Question] = {}
+            batch_ids: dict[str, str] = {}
+            for index, candidate in enumerate(batch):
+                item = f"item_{index}"
+                # model_copy(update=...) sets the new value without validating it (it is a str).
+                questions[item] = template.model_copy(
+                    update={"instructions": {"question": question, "candidate": candidate.text}}
+                )
+                batch_ids[item] = candidate.id
+            requests.append(SystemOneRequest.model_construct(state=state, questions=questions))
+            ids.append(batch_ids)
         return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates))
 
     def _record(
@@ -269,19 +329,23 @@ class CandidateSelector:
             uncertain=selection.uncertain if selection else (),
             rejected=selection.rejected if selection else (),
             scores=dict(selection.scores) if selection else {},
+            queue_ms=plan.queue.ms,
         )
 
     def _scores(self, plan: _Plan, results: Sequence[SystemOneResult]) -> tuple[dict[str, float], str | None]:
         """Probability by candidate id, and the answering model(s), from checked results.
 
         Any ``Judge`` is checked here, not only ``JevClient``: a wrong answer is a judge failure
-        (``ERROR``), never a selection.
+        (``ERROR``), never a selection. ``check_result`` skips results the client has already
+        checked against the same request, so each answer is walked once.
         """
         scores: dict[str, float] = {}
         for request, ids, result in zip(plan.requests, plan.ids, results, strict=True):
-            check_result(request, result)
+            answers = check_result(request, result).answers
             for item, node_id in ids.items():
-                p = result.noul(item)
+                answer = answers[item]
+                p = answer.noul if isinstance(answer, NoulAnswer) else None
+                # Also for results built without validation (model_construct) by a custom judge.
                 if not (isinstance(p, float) and math.isfinite(p) and 0.0 <= p <= 1.0):
                     raise JevInvalidResponseError(f"answer {item!r}: probability {p!r} is not in [0, 1]")
                 scores[node_id] = p
@@ -388,22 +452,20 @@ class CandidateSelector:
         return self._observe(ctx, self._finish(plan, budget, scores, model))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
-        # A pool per judgement: max_concurrency bounds this judgement alone, and batches of one
-        # caller never wait behind another caller's. Even a single batch goes through it, so the
-        # budget holds for a judge that ignores its timeout.
-        pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(self.max_concurrency, len(plan.requests)), thread_name_prefix="llama-jev-judge"
-        )
-        try:
+        # Batches run on the process's shared pool, even a single one, so the budget holds for a
+        # judge that ignores its timeout; at most max_concurrency of this judgement at a time.
+        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)
+        with reporting_queue_wait(plan.queue):  # each batch's copied context reports its waits here
             futures = [
-                pool.submit(contextvars.copy_context().run, self._call_sync, request, budget)
+                calls.submit(contextvars.copy_context().run, self._call_sync, request, budget)
                 for request in plan.requests
             ]
+        try:
             done, pending = concurrent.futures.wait(
                 futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
             )
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            calls.cancel()
         for future in futures:
             if future in done and future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
@@ -454,7 +516,8 @@ class CandidateSelector:
                     raise TimeoutError("the judgement budget ran out before this batch was sent")
                 return await self.judge.asystem_one(request, timeout=left)
 
-        tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
+        with reporting_queue_wait(plan.queue):  # each task's copied context reports its waits here
+            tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
         try:
             done, pending = await asyncio.wait(tasks, timeout=budget.remaining(), return_when=asyncio.FIRST_EXCEPTION)
         finally:

@@ -369,6 +369,12 @@ class SystemOneTestServer:
             :class:`~llama_jev.JevBadRequestError` it raises is a 422, a timeout a 504, any other
             failure a 500.
         host, port: where to listen (default ``127.0.0.1`` and an ephemeral port).
+        in_flight_limit: like a rate-limited production server, answer a System One request
+            that arrives while this many are being handled with an immediate 429 and a
+            ``Retry-After`` of ``limit_retry_after`` seconds (``None``: no limit). Refused
+            requests are recorded (status 429, fault ``Fault.rate_limited``) but do not count in
+            :attr:`max_in_flight`; :attr:`rate_limited_count` counts them.
+        limit_retry_after: the ``Retry-After`` sent with those 429s (fractions allowed).
 
     Routes: ``POST /v1/systemone``, ``GET /v1/models``; anything else gets a JSON 404 (or 405).
     Faults (:meth:`inject`, :meth:`inject_always`) apply only to ``POST /v1/systemone``
@@ -401,11 +407,19 @@ class SystemOneTestServer:
         judge: Judge | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        in_flight_limit: int | None = None,
+        limit_retry_after: float = 0.1,
     ) -> None:
         if judge is not None and answer is not None:
             raise ValueError("pass an answer function or a judge, not both")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+        if in_flight_limit is not None and (
+            isinstance(in_flight_limit, bool) or not isinstance(in_flight_limit, int) or in_flight_limit < 1
+        ):
+            raise ValueError(f"in_flight_limit must be a positive integer or None, got {in_flight_limit!r}")
+        self._in_flight_limit = in_flight_limit
+        self._over_limit = Fault.rate_limited(retry_after=_non_negative(limit_retry_after))
         self._answer = answer
         self._judge = judge
         self._address = (host, port)
@@ -599,6 +613,12 @@ class SystemOneTestServer:
             return self._max_in_flight
 
     @property
+    def rate_limited_count(self) -> int:
+        """How many requests got a 429, from ``in_flight_limit`` or from an injected fault."""
+        with self._lock:
+            return sum(1 for request in self._requests if request.status == 429)
+
+    @property
     def connections_opened(self) -> int:
         """How many TCP connections the server accepted; 1 for a client reusing one connection."""
         with self._lock:
@@ -650,21 +670,27 @@ class SystemOneTestServer:
         with self._lock:
             self._handler_threads.discard(threading.current_thread())
 
-    def _begin(self, *, faultable: bool) -> tuple[Fault | None, float]:
+    def _begin(self, *, faultable: bool) -> tuple[Fault | None, float, bool]:
+        """The fault and latency for a new request, and whether it is handled (counted in flight)."""
         with self._lock:
+            if faultable and self._in_flight_limit is not None and self._in_flight >= self._in_flight_limit:
+                return self._over_limit, 0.0, False
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
             fault: Fault | None = None
             if faultable:
                 fault = self._faults.popleft() if self._faults else self._always
-            return fault, self._latency
+            return fault, self._latency, True
 
-    def _end(self, record: RecordedRequest) -> None:
+    def _end(self, record: RecordedRequest, *, counted: bool = True) -> None:
         with self._lock:
-            self._in_flight -= 1
+            if counted:
+                self._in_flight -= 1
             self._requests.append(record)
 
-    def _route(self, method: str, path: str, headers: Mapping[str, str], body: bytes, fault: Fault | None) -> _Response:
+    def _route(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, parsed: Any, fault: Fault | None
+    ) -> _Response:
         if path not in (SYSTEM_ONE_PATH, MODELS_PATH):
             return _json_response(404, {"error": f"no route {path}"}, error="unknown path")
         allowed = "POST" if path == SYSTEM_ONE_PATH else "GET"
@@ -679,7 +705,7 @@ class SystemOneTestServer:
             return _json_response(401, {"error": "invalid API key"}, error="missing or wrong API key")
         if path == MODELS_PATH:
             return _json_response(200, _MODELS if self._judge is None else self._judge_models())
-        return self._answer_body(body, fault)
+        return self._answer_body(body, parsed, fault)
 
     def _authorized(self, authorization: str) -> bool:
         if self._api_key is None:
@@ -687,16 +713,16 @@ class SystemOneTestServer:
         scheme, _, token = authorization.partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self._api_key.encode())
 
-    def _answer_body(self, body: bytes, fault: Fault | None) -> _Response:
+    def _answer_body(self, body: bytes, parsed: Any, fault: Fault | None) -> _Response:
+        if parsed is _NOT_JSON:
+            return _json_response(
+                422,
+                {"detail": [{"loc": ["body"], "msg": "the body is not JSON", "type": "json_invalid"}]},
+                error="invalid JSON body",
+            )
         try:
-            request = SystemOneRequest.model_validate(_known_fields(json.loads(body)))
-        except ValueError as error:  # pydantic's ValidationError and json's JSONDecodeError both
-            if not isinstance(error, ValidationError):
-                return _json_response(
-                    422,
-                    {"detail": [{"loc": ["body"], "msg": "the body is not JSON", "type": "json_invalid"}]},
-                    error="invalid JSON body",
-                )
+            request = SystemOneRequest.model_validate(_known_fields(parsed))
+        except ValidationError as error:
             return _json_response(422, {"detail": _validation_detail(error)}, error="invalid request body")
         if self._judge is not None:
             return self._judge_answer(request, fault)
@@ -834,15 +860,17 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:  # the client hung up mid-body: nobody to answer
             self.close_connection = True
             return
-        fault, latency = owner._begin(faultable=self.command == "POST" and path == SYSTEM_ONE_PATH)
+        fault, latency, counted = owner._begin(faultable=self.command == "POST" and path == SYSTEM_ONE_PATH)
         headers = self._header_dict()
+        # Parsed once, for the answer and for the request log (bodies of 1,000 passages are large).
+        parsed = _parse_json(body)
         response: _Response | None = None
         try:
             wait = latency + (fault.delay_seconds if fault is not None else 0.0)
             if wait > 0 and self._stopping.wait(wait):
                 response = _Response(status=0, drop=True, error="server stopped")
             else:
-                response = owner._route(self.command, path, headers, body, fault)
+                response = owner._route(self.command, path, headers, body, parsed, fault)
         finally:
             # Recorded before the response is written: a client holding its response must find
             # the request in the log, and in-flight must not count a request already answered.
@@ -852,14 +880,15 @@ class _Handler(BaseHTTPRequestHandler):
                     path=self.path,
                     headers=headers,
                     body=body,
-                    json=_parse_json(body),
+                    json=None if parsed is _NOT_JSON else parsed,
                     started=started,
                     finished=time.monotonic(),
                     fault=fault,
                     status=None if response is None or response.drop else response.status,
                     error=None if response is None else response.error,
                     connection=owner._connection_ordinal(self.connection),
-                )
+                ),
+                counted=counted,
             )
         self._write(response)
 
@@ -918,10 +947,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.readline()
 
 
+_NOT_JSON: Any = object()
+
+
 def _parse_json(body: bytes) -> Any:
+    """The parsed body, or ``_NOT_JSON`` when it is empty or not JSON."""
     if not body:
-        return None
+        return _NOT_JSON
     try:
         return json.loads(body)
     except ValueError:
-        return None
+        return _NOT_JSON

@@ -8,6 +8,7 @@ arrive, first by shape (:class:`SystemOneResult`) and then against the request t
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
@@ -141,9 +142,37 @@ class SystemOneRequest(_Outgoing):
             raise ValueError("model must not be blank")
         return model
 
+    @model_validator(mode="after")
+    def _finite_numbers(self) -> SystemOneRequest:
+        # JSON has no NaN or Infinity: refused here, so encoding never writes them (or a null).
+        parts: list[Any] = [self.state]
+        for question in self.questions.values():
+            criteria = question.criteria
+            parts.append(question.instructions)
+            parts.append(criteria.model_dump() if isinstance(criteria, NoulCriteria) else criteria)
+        if not all(_finite(part) for part in parts):
+            raise ValueError("numbers in a request must be finite (JSON has no NaN or Infinity)")
+        return self
+
     def wire(self) -> dict[str, Any]:
         """The JSON body as sent: ``None`` fields are left out."""
         return self.model_dump(mode="json", exclude_none=True)
+
+    def wire_json(self) -> bytes:
+        """The JSON body as sent, encoded (UTF-8): what :meth:`wire` gives, serialised in one step."""
+        return self.__pydantic_serializer__.to_json(self, exclude_none=True)
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, str) or value is None:
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(item) for item in value)
+    return True
 
 
 class NoulAnswer(_Incoming):
@@ -210,9 +239,15 @@ def check_result(request: SystemOneRequest, result: SystemOneResult) -> SystemOn
     and score distributions must be consistent with the question (same options or levels, summing
     to one, ``choice`` the most probable option, ``score`` the expectation).
 
+    A result already checked against this same ``request`` object (and still holding the same
+    answers) is returned without walking it again: every answer is checked exactly once, by
+    whoever sees it first (the client for the wire, the selector for any other judge).
+
     Raises:
         JevInvalidResponseError: naming the first question id whose answer is wrong.
     """
+    if _is_checked(request, result):
+        return result
     asked, answered = set(request.questions), set(result.answers)
     if asked != answered:
         missing, extra = sorted(asked - answered), sorted(answered - asked)
@@ -223,7 +258,24 @@ def check_result(request: SystemOneRequest, result: SystemOneResult) -> SystemOn
         problem = _answer_problem(question, result.answers[question_id])
         if problem is not None:
             raise JevInvalidResponseError(f"answer {question_id!r}: {problem}")
+    _mark_checked(request, result)
     return result
+
+
+# Results already checked, by id: the request and the very answers dict they were checked
+# against. Kept beside the results, not in them, so checking never changes a result's ``==``;
+# an entry leaves with its result (weakref callback), so an id is never mistaken for another.
+_checked: dict[int, tuple[weakref.ref[SystemOneResult], SystemOneRequest, dict[str, Answer]]] = {}
+
+
+def _mark_checked(request: SystemOneRequest, result: SystemOneResult) -> None:
+    key = id(result)
+    _checked[key] = (weakref.ref(result, lambda _: _checked.pop(key, None)), request, result.answers)
+
+
+def _is_checked(request: SystemOneRequest, result: SystemOneResult) -> bool:
+    entry = _checked.get(id(result))
+    return entry is not None and entry[0]() is result and entry[1] is request and entry[2] is result.answers
 
 
 def _answer_problem(question: Question, answer: Answer) -> str | None:

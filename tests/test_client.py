@@ -232,6 +232,27 @@ def test_server_echoing_the_key_is_redacted(jev_server: SystemOneTestServer) -> 
     assert "revoked" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "echo",
+    [
+        "What are the refund conditions?",  # the query (the request's state)
+        "[p=0.9] text that only this candidate holds, word for word",  # a candidate
+    ],
+)
+def test_a_server_message_quoting_the_request_is_withheld(jev_server: SystemOneTestServer, echo: str) -> None:
+    candidate = "[p=0.9] text that only this candidate holds, word for word"
+    sent = SystemOneRequest(
+        state="What are the refund conditions?",
+        questions={"item_0": NoulQuestion(instructions={"question": "Relevant?", "candidate": candidate})},
+    )
+    jev_server.inject(Fault.status(422, body={"error": f"cannot read {echo!r} here"}))
+    with client_for(jev_server) as client, pytest.raises(JevBadRequestError) as caught:
+        client.system_one(sent)
+    assert echo not in str(caught.value)
+    assert "quoted the request" in str(caught.value)
+    assert caught.value.status_code == 422
+
+
 @pytest.mark.parametrize("status", [408, 429, 503, 529])
 def test_retry_after_is_honoured(jev_server: SystemOneTestServer, status: int) -> None:
     jev_server.inject(Fault.status(status, headers={"Retry-After": "0.3"}))

@@ -163,13 +163,15 @@ def test_off_mode_asks_nothing_and_records_nothing() -> None:
 # --- batching -------------------------------------------------------------------------------
 
 
-def test_130_candidates_take_three_requests_mapped_back_to_their_ids(jev_server: SystemOneTestServer) -> None:
+def test_130_candidates_at_64_per_request_take_three_even_requests_mapped_back_to_their_ids(
+    jev_server: SystemOneTestServer,
+) -> None:
     probabilities = [round(0.001 * i, 3) for i in range(130)]
     cands = [Candidate(f"doc-{i:03d}", marked(p, f"passage {i}")) for i, p in enumerate(probabilities)]
-    decision = selector(http_judge(jev_server)).select(QUERY, RELEVANCE_QUESTION, cands)
+    decision = selector(http_judge(jev_server), batch_size=64).select(QUERY, RELEVANCE_QUESTION, cands)
     assert decision.status is Status.DECIDED
     sizes = sorted(len(r.json["questions"]) for r in jev_server.requests)  # type: ignore[index]
-    assert sizes == [2, 64, 64]
+    assert sizes == [43, 43, 44]  # packed 64 + 64 + 2, then evened out
     assert all(
         set(r.json["questions"]) == {f"item_{i}" for i in range(len(r.json["questions"]))}  # type: ignore[index]
         for r in jev_server.requests

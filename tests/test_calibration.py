@@ -35,7 +35,7 @@ from llama_jev.calibration import (
 from llama_jev.calibration.statistics import (
     band_metrics,
     choose_accept,
-    choose_reject,
+    choose_thresholds,
     enforce_outcomes,
     split_by_group,
     sweep_accept,
@@ -131,17 +131,16 @@ def test_accept_is_the_lowest_threshold_whose_lower_bound_meets_the_target() -> 
     assert all(row.precision_lower < 0.8 for row in rows if row.accept < chosen.accept)
 
 
-def test_reject_is_the_highest_threshold_below_accept_meeting_the_npv() -> None:
+def test_reject_is_the_highest_observed_p_below_accept_meeting_the_npv() -> None:
     # Everything below 1.0 is irrelevant: any reject meets the NPV, yet it must stay under accept.
     pairs = [(i / 50, False) for i in range(50)] + [(1.0, True)] * 30
-    accept = choose_accept(sweep_accept(pairs), 0.9)
-    assert accept is not None
-    # 30 of 30 has a lower bound of 0.917, 30 of 31 (with the 0.98) only 0.855: 0.99 is the lowest
-    assert accept.accept == pytest.approx(0.99)
-    reject = choose_reject(sweep_reject(pairs), 0.9, below=accept.accept)
-    assert reject is not None
-    assert reject.reject < accept.accept
-    assert reject.reject == pytest.approx(0.98)
+    choice = choose_thresholds(pairs, 0.9, 0.9)
+    assert choice.accept is not None
+    # 30 of 30 has a lower bound of 0.917, 30 of 31 (with the 0.98) only 0.855: the lowest observed
+    # p that meets 0.9 is 1.0 (a grid's 0.99 would accept a future 0.99 that no label speaks for)
+    assert choice.accept.accept == 1.0
+    assert choice.reject is not None
+    assert choice.reject.reject == 0.98
 
 
 def test_band_metrics_on_a_tiny_example() -> None:

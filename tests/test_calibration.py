@@ -429,6 +429,9 @@ def test_duplicate_decision_ids_are_refused(tmp_path: Path) -> None:
     [
         ({"decision_id": "d0", "node_id": "n", "relevant": "yes"}, "'relevant' must be true or false"),
         ({"decision_id": "d0", "node_id": "n", "relevant": 2}, "'relevant' must be true or false"),
+        ({"decision_id": "d0", "node_id": "n", "relevant": 1}, "'relevant' must be true or false (a JSON boolean"),
+        ({"decision_id": "d0", "node_id": "n", "relevant": 0}, "got 0"),
+        ({"decision_id": "d0", "node_id": "n", "relevant": 1.0}, "got 1.0"),
         ({"decision_id": "d0", "relevant": True}, "'node_id' must be a non-empty string"),
         ({"node_id": "n", "relevant": True}, "needs 'decision_id'"),
     ],
@@ -461,6 +464,23 @@ def test_a_filled_csv_sheet_reads_as_labels(tmp_path: Path) -> None:
     report = calibrate(records, _write(tmp_path / "sheet.csv", rows))
     assert report.labels == 60
     assert report.relevant == 30
+
+
+def test_relevant_as_one_or_zero_is_refused_in_labels_given_in_memory_too() -> None:
+    records, labels = _sixty()
+    labels[3]["relevant"] = 1
+    with pytest.raises(CalibrationInputError, match=r"item 4: not a label: 'relevant' must be true or false"):
+        calibrate(records, labels)
+
+
+def test_a_csv_sheet_reads_one_and_zero_as_true_and_false(tmp_path: Path) -> None:
+    # CSV cells have no types: "1" / "0" is how spreadsheets often spell a checkbox
+    records, labels = _sixty()
+    rows = ["decision_id,node_id,p,relevant,text"]
+    rows += [f"{label['decision_id']},n,0.5,{1 if label['relevant'] else 0},some text" for label in labels]
+    rows.append("d0,n,0.5,,some text")  # an empty cell: not labelled yet
+    report = calibrate(records, _write(tmp_path / "sheet.csv", rows))
+    assert (report.labels, report.relevant, report.unlabelled) == (60, 30, 1)
 
 
 # --- real records ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,6 +250,46 @@ def test_report_json_has_the_contract_keys() -> None:
     assert {"precision", "npv", "coverage", "uncertain"} <= set(data["holdout"])
     assert {"accept", "precision", "precision_lower", "recall", "coverage"} <= set(data["thresholds"][0])
     assert isinstance(data["labels"], int)
+
+
+def test_report_objects_read_by_attribute_and_by_key_like_the_json() -> None:
+    records, labels = overconfident_log(200, seed=7)
+    report = calibrate(records, labels, target_precision=0.8, min_npv=0.9)
+    assert report.recommended is not None
+    assert report.holdout is not None
+    assert report.recommended["accept"] == report.recommended.accept
+    assert report.recommended["reject"] == report.recommended.reject
+    assert report.thresholds[0]["precision_lower"] == report.thresholds[0].precision_lower
+    assert report.holdout["npv"] == report.holdout.npv
+    assert report.holdout["enforce"]["answered"] == report.holdout.enforce.answered
+    assert report["recommended"]["accept"] == report.recommended.accept
+    assert "accept" in report.recommended
+    assert "precision_lower" in report.thresholds[0]
+    assert "exit_code" not in report  # a property, not a JSON key
+    assert dict(report.recommended) == {"reject": report.recommended.reject, "accept": report.recommended.accept}
+    assert report.holdout.get("no such key") is None
+    with pytest.raises(KeyError, match="acept"):
+        report.recommended["acept"]
+
+
+def test_every_object_in_the_report_reads_by_key_as_its_json_does() -> None:
+    records, labels = overconfident_log(200, seed=7)
+    report = calibrate(records, labels, target_precision=0.8, min_npv=0.9)
+
+    def same(value: Any, data: Any) -> None:
+        if isinstance(data, dict) and not isinstance(value, dict):  # an object of ours: keys are its fields
+            assert list(value.keys()) == list(data)
+            for key in data:
+                assert key in value
+                same(value[key], data[key])
+        elif isinstance(data, list):
+            assert isinstance(value, list)
+            for item, item_data in zip(value, data, strict=True):
+                same(item, item_data)
+        else:
+            assert value == data
+
+    same(report, json.loads(report.to_json()))
 
 
 def test_report_html_is_self_contained() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from llama_jev.calibration.analysis import calibrate
 from llama_jev.calibration.records import CalibrationInputError, InsufficientLabelsError
 from llama_jev.calibration.report import CalibrationReport
+from llama_jev.calibration.statistics import format_threshold
 from llama_jev.execution import QUERY_KEY_SECRET_ENVIRONMENT
 
 __all__ = ["main"]
@@ -97,7 +98,10 @@ def _summary(report: CalibrationReport) -> str:
     if report.recommended is None:
         lines.append(f"no recommendation: {report.reason}")
     else:
-        lines.append(f"recommended: reject={report.recommended.reject:.2f} accept={report.recommended.accept:.2f}")
+        lines.append(
+            f"recommended: reject={format_threshold(report.recommended.reject)} "
+            f"accept={format_threshold(report.recommended.accept)}"
+        )
     held = report.holdout
     if held is not None:
 

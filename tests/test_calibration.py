@@ -7,6 +7,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ from llama_jev.calibration import (
 from llama_jev.calibration.statistics import (
     band_metrics,
     choose_accept,
-    choose_reject,
+    choose_thresholds,
     enforce_outcomes,
     split_by_group,
     sweep_accept,
@@ -131,17 +132,16 @@ def test_accept_is_the_lowest_threshold_whose_lower_bound_meets_the_target() -> 
     assert all(row.precision_lower < 0.8 for row in rows if row.accept < chosen.accept)
 
 
-def test_reject_is_the_highest_threshold_below_accept_meeting_the_npv() -> None:
+def test_reject_is_the_highest_observed_p_below_accept_meeting_the_npv() -> None:
     # Everything below 1.0 is irrelevant: any reject meets the NPV, yet it must stay under accept.
     pairs = [(i / 50, False) for i in range(50)] + [(1.0, True)] * 30
-    accept = choose_accept(sweep_accept(pairs), 0.9)
-    assert accept is not None
-    # 30 of 30 has a lower bound of 0.917, 30 of 31 (with the 0.98) only 0.855: 0.99 is the lowest
-    assert accept.accept == pytest.approx(0.99)
-    reject = choose_reject(sweep_reject(pairs), 0.9, below=accept.accept)
-    assert reject is not None
-    assert reject.reject < accept.accept
-    assert reject.reject == pytest.approx(0.98)
+    choice = choose_thresholds(pairs, 0.9, 0.9)
+    assert choice.accept is not None
+    # 30 of 30 has a lower bound of 0.917, 30 of 31 (with the 0.98) only 0.855: the lowest observed
+    # p that meets 0.9 is 1.0 (a grid's 0.99 would accept a future 0.99 that no label speaks for)
+    assert choice.accept.accept == 1.0
+    assert choice.reject is not None
+    assert choice.reject.reject == 0.98
 
 
 def test_band_metrics_on_a_tiny_example() -> None:
@@ -250,6 +250,46 @@ def test_report_json_has_the_contract_keys() -> None:
     assert {"precision", "npv", "coverage", "uncertain"} <= set(data["holdout"])
     assert {"accept", "precision", "precision_lower", "recall", "coverage"} <= set(data["thresholds"][0])
     assert isinstance(data["labels"], int)
+
+
+def test_report_objects_read_by_attribute_and_by_key_like_the_json() -> None:
+    records, labels = overconfident_log(200, seed=7)
+    report = calibrate(records, labels, target_precision=0.8, min_npv=0.9)
+    assert report.recommended is not None
+    assert report.holdout is not None
+    assert report.recommended["accept"] == report.recommended.accept
+    assert report.recommended["reject"] == report.recommended.reject
+    assert report.thresholds[0]["precision_lower"] == report.thresholds[0].precision_lower
+    assert report.holdout["npv"] == report.holdout.npv
+    assert report.holdout["enforce"]["answered"] == report.holdout.enforce.answered
+    assert report["recommended"]["accept"] == report.recommended.accept
+    assert "accept" in report.recommended
+    assert "precision_lower" in report.thresholds[0]
+    assert "exit_code" not in report  # a property, not a JSON key
+    assert dict(report.recommended) == {"reject": report.recommended.reject, "accept": report.recommended.accept}
+    assert report.holdout.get("no such key") is None
+    with pytest.raises(KeyError, match="acept"):
+        report.recommended["acept"]
+
+
+def test_every_object_in_the_report_reads_by_key_as_its_json_does() -> None:
+    records, labels = overconfident_log(200, seed=7)
+    report = calibrate(records, labels, target_precision=0.8, min_npv=0.9)
+
+    def same(value: Any, data: Any) -> None:
+        if isinstance(data, dict) and not isinstance(value, dict):  # an object of ours: keys are its fields
+            assert list(value.keys()) == list(data)
+            for key in data:
+                assert key in value
+                same(value[key], data[key])
+        elif isinstance(data, list):
+            assert isinstance(value, list)
+            for item, item_data in zip(value, data, strict=True):
+                same(item, item_data)
+        else:
+            assert value == data
+
+    same(report, json.loads(report.to_json()))
 
 
 def test_report_html_is_self_contained() -> None:
@@ -430,6 +470,9 @@ def test_duplicate_decision_ids_are_refused(tmp_path: Path) -> None:
     [
         ({"decision_id": "d0", "node_id": "n", "relevant": "yes"}, "'relevant' must be true or false"),
         ({"decision_id": "d0", "node_id": "n", "relevant": 2}, "'relevant' must be true or false"),
+        ({"decision_id": "d0", "node_id": "n", "relevant": 1}, "'relevant' must be true or false (a JSON boolean"),
+        ({"decision_id": "d0", "node_id": "n", "relevant": 0}, "got 0"),
+        ({"decision_id": "d0", "node_id": "n", "relevant": 1.0}, "got 1.0"),
         ({"decision_id": "d0", "relevant": True}, "'node_id' must be a non-empty string"),
         ({"node_id": "n", "relevant": True}, "needs 'decision_id'"),
     ],
@@ -462,6 +505,23 @@ def test_a_filled_csv_sheet_reads_as_labels(tmp_path: Path) -> None:
     report = calibrate(records, _write(tmp_path / "sheet.csv", rows))
     assert report.labels == 60
     assert report.relevant == 30
+
+
+def test_relevant_as_one_or_zero_is_refused_in_labels_given_in_memory_too() -> None:
+    records, labels = _sixty()
+    labels[3]["relevant"] = 1
+    with pytest.raises(CalibrationInputError, match=r"item 4: not a label: 'relevant' must be true or false"):
+        calibrate(records, labels)
+
+
+def test_a_csv_sheet_reads_one_and_zero_as_true_and_false(tmp_path: Path) -> None:
+    # CSV cells have no types: "1" / "0" is how spreadsheets often spell a checkbox
+    records, labels = _sixty()
+    rows = ["decision_id,node_id,p,relevant,text"]
+    rows += [f"{label['decision_id']},n,0.5,{1 if label['relevant'] else 0},some text" for label in labels]
+    rows.append("d0,n,0.5,,some text")  # an empty cell: not labelled yet
+    report = calibrate(records, _write(tmp_path / "sheet.csv", rows))
+    assert (report.labels, report.relevant, report.unlabelled) == (60, 30, 1)
 
 
 # --- real records ---------------------------------------------------------------------------------

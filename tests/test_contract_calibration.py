@@ -145,6 +145,21 @@ def test_a_label_without_relevant_exits_2_at_its_line(
     assert "'relevant' is missing" in err
 
 
+@pytest.mark.parametrize("number", [1, 0])
+def test_a_jsonl_label_with_relevant_as_a_number_exits_2_at_its_line(
+    capsys: pytest.CaptureFixture[str], log: tuple[Path, Path], tmp_path: Path, number: int
+) -> None:
+    # DESIGN: {"node_id": str, "relevant": bool}; JSON has booleans, so 1 / 0 is refused like "yes"
+    records, labels = log
+    rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines()]
+    rows[4]["relevant"] = number
+    broken = write_jsonl(tmp_path / "labels.jsonl", rows)
+    code, _, err = cli(capsys, "--records", records, "--labels", broken)
+    assert code == 2
+    assert f"{broken}:5:" in err
+    assert f"'relevant' must be true or false (a JSON boolean; null: not labelled yet), got {number}" in err
+
+
 def test_rows_not_labelled_yet_are_counted_in_the_summary(
     capsys: pytest.CaptureFixture[str], log: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,9 @@ def test_a_careful_judge_is_calibrated_and_enforced(index: Any, tmp_path: Path) 
     assert "Recommended  : reject = " in output
     assert "3. ENFORCE with reject=" in output
     assert "alice  receives ['acme/refund-policy']" in output
-    assert "grace  receives ['globex/refund-policy']" in output
+    # accept is the lowest observed p whose bound meets precision 0.8, not 1.0: it may sit at the top
+    # of the irrelevant band and let one of grace's own passages in after the relevant one
+    assert re.search(r"grace  receives \['globex/refund-policy'(, 'globex/[a-z-]+')?\]", output), output
     assert "sam    receives ['acme/compensation-rule', 'acme/refund-policy']" in output or (
         "sam    receives ['acme/refund-policy', 'acme/compensation-rule']" in output
     )

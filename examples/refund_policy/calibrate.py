@@ -37,7 +37,15 @@ from llama_jev import (
     RetrievalUnavailableError,
     runtime_context,
 )
-from llama_jev.calibration import CalibrationReport, Collected, GoldenQuery, calibrate, collect, write_label_sheet
+from llama_jev.calibration import (
+    CalibrationReport,
+    Collected,
+    GoldenQuery,
+    calibrate,
+    collect,
+    format_threshold,
+    write_label_sheet,
+)
 
 GOLDEN = Path(__file__).resolve().parent / "golden.json"
 VERSION = "refund-policy-example-v1"
@@ -103,7 +111,8 @@ def summary(report: CalibrationReport) -> list[str]:
     if report.recommended is None:
         lines.append(f"Recommended  : none. {report.reason}")
         return lines
-    lines.append(f"Recommended  : reject = {report.recommended.reject:.2f}, accept = {report.recommended.accept:.2f}")
+    reject, accept = format_threshold(report.recommended.reject), format_threshold(report.recommended.accept)
+    lines.append(f"Recommended  : reject = {reject}, accept = {accept}")
     held = report.holdout
     if held is not None:
 
@@ -155,7 +164,7 @@ def steps(index: VectorStoreIndex, judge: Judge, out: Path, say: Callable[[str],
         )
         return False
     reject, accept = report.recommended.reject, report.recommended.accept
-    say(f"\n3. ENFORCE with reject={reject:.2f}, accept={accept:.2f}: {kb.QUESTION!r}")
+    say(f"\n3. ENFORCE with reject={format_threshold(reject)}, accept={format_threshold(accept)}: {kb.QUESTION!r}")
     for user in kb.USERS:
         say(enforce_line(index, judge, user, reject, accept))
     return True

@@ -38,6 +38,7 @@ from llama_jev.calibration.sheet import LabelSheet, fetch_texts, write_label_she
 from llama_jev.calibration.statistics import (
     brier_score,
     expected_calibration_error,
+    format_threshold,
     reliability_table,
     wilson_lower_bound,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "fetch_texts",
     "fit_isotonic",
     "fit_platt",
+    "format_threshold",
     "load_labels",
     "load_records",
     "mapping_from_dict",

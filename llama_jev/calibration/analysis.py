@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from llama_jev.calibration.mapping import fit_platt
 from llama_jev.calibration.records import (
@@ -32,10 +33,10 @@ from llama_jev.calibration.report import (
 from llama_jev.calibration.statistics import (
     band_metrics,
     brier_score,
-    choose_accept,
-    choose_reject,
+    choose_thresholds,
     enforce_outcomes,
     expected_calibration_error,
+    format_threshold,
     reliability_table,
     split_by_group,
     sweep_accept,
@@ -86,10 +87,12 @@ def calibrate(
     ``records`` and ``labels`` are JSONL paths (as the CLI takes them) or in-memory records /
     label dicts. Joined pairs are split by query (or decision, when records carry no query key)
     into a calibration and a held-out part with ``seed``. On the calibration part, ``accept`` is
-    the lowest threshold whose one-sided 95% Wilson lower bound on precision reaches
-    ``target_precision`` and ``reject`` the highest one below it whose lower bound on the
-    negative predictive value reaches ``min_npv``; the held-out part then says what that choice
-    does on data it was not chosen on. Thresholds are on the scale of the records' ``p``.
+    the lowest *observed* p whose one-sided 95% Wilson lower bound on the precision of
+    ``p >= accept`` reaches ``target_precision``, and ``reject`` the highest observed p below it
+    whose lower bound on the negative predictive value of ``p <= reject`` reaches ``min_npv``
+    (never a value between two observed ones, where no label says anything); the held-out part
+    then says what that choice does on data it was not chosen on. Thresholds are on the scale of
+    the records' ``p``.
 
     Example:
         >>> report = calibrate("decisions.jsonl", "labels.jsonl", target_precision=0.9)  # doctest: +SKIP
@@ -120,17 +123,19 @@ def calibrate(
     held_out = [(pair.p, pair.relevant) for pair in pairs if pair.group in held_out_groups]
     everything = [(pair.p, pair.relevant) for pair in pairs]
 
-    accept_rows = sweep_accept(calibration)
-    reject_rows = sweep_reject(calibration)
-    accept_row = choose_accept(accept_rows, target_precision)
-    reject_row = choose_reject(reject_rows, min_npv, below=accept_row.accept) if accept_row else None
+    choice = choose_thresholds(calibration, target_precision, min_npv)
+    accept_row, reject_row = choice.accept, choice.reject
+    # the sweeps are for reading (every 0.01); the chosen rows join them so each choice is a row
+    accept_rows = _with_row(sweep_accept(calibration), accept_row, lambda row: row.accept)
+    reject_rows = _with_row(sweep_reject(calibration), reject_row, lambda row: row.reject)
     recommended = None
     reason = None
     if accept_row is None:
-        best = max(accept_rows, key=lambda row: row.precision_lower, default=None)
+        best = choice.best
         # rounded down: a best of 0.8996 must not read as meeting a target of 0.9
         best_text = (
-            f"; the best is {math.floor(best.precision_lower * 1000) / 1000:.3f} at accept={best.accept:.2f}"
+            f"; the best is {math.floor(best.precision_lower * 1000) / 1000:.3f} "
+            f"at accept={format_threshold(best.accept)}"
             if best
             else ""
         )
@@ -142,8 +147,8 @@ def calibrate(
         )
     elif reject_row is None:
         reason = (
-            f"accept={accept_row.accept:.2f} meets the precision target, but no reject threshold below it "
-            f"reaches a 95% lower bound on NPV of {min_npv:g} on the calibration split: label more "
+            f"accept={format_threshold(accept_row.accept)} meets the precision target, but no reject threshold "
+            f"below it reaches a 95% lower bound on NPV of {min_npv:g} on the calibration split: label more "
             "irrelevant examples or lower the NPV target"
         )
     else:
@@ -223,6 +228,16 @@ def calibrate(
         mapping=mapping.to_dict() if mapping is not None else {},
         mapping_holdout=mapping_holdout,
     )
+
+
+_Row = TypeVar("_Row")
+
+
+def _with_row(rows: list[_Row], extra: _Row | None, threshold: Callable[[_Row], float]) -> list[_Row]:
+    """``rows`` plus ``extra`` in threshold order, unless a row at its threshold is there already."""
+    if extra is None or any(threshold(row) == threshold(extra) for row in rows):
+        return rows
+    return sorted([*rows, extra], key=threshold)
 
 
 def _both(pairs: Sequence[tuple[float, bool]]) -> bool:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
+
+from llama_jev.calibration.statistics import format_threshold
 
 if TYPE_CHECKING:
     from llama_jev.calibration.report import CalibrationReport, EnforceReplay
@@ -178,7 +181,7 @@ def _precision_svg(report: CalibrationReport) -> str:
     target = report.targets["precision"]
     plot.line([(0, target), (1, target)], _RED, width=1, dash="6 4")
     if report.recommended is not None:
-        plot.vertical(report.recommended.accept, _RED, f"accept {report.recommended.accept:.2f}")
+        plot.vertical(report.recommended.accept, _RED, f"accept {format_threshold(report.recommended.accept)}")
     plot.legend(
         [
             ("precision", _BLUE, ""),
@@ -200,7 +203,7 @@ def _npv_svg(report: CalibrationReport) -> str:
     target = report.targets["npv"]
     plot.line([(0, target), (1, target)], _RED, width=1, dash="6 4")
     if report.recommended is not None:
-        plot.vertical(report.recommended.reject, _RED, f"reject {report.recommended.reject:.2f}")
+        plot.vertical(report.recommended.reject, _RED, f"reject {format_threshold(report.recommended.reject)}")
     plot.legend(
         [
             ("NPV: share irrelevant among the rejected", _BLUE, ""),
@@ -227,7 +230,7 @@ def _replay_row(name: str, replay: EnforceReplay | None) -> str:
     if replay is None:
         return f"<tr><td>{escape(name)}</td><td colspan=6>no recommendation</td></tr>"
     cells = [
-        f"{replay.reject:.2f} / {replay.accept:.2f}",
+        f"{format_threshold(replay.reject)} / {format_threshold(replay.accept)}",
         str(replay.retrievals),
         _pct(replay.answered),
         _pct(replay.empty),
@@ -244,6 +247,7 @@ def _verdict(report: CalibrationReport) -> str:
             f"<div>{escape(report.reason or '')}</div></div>"
         )
     rec, held = report.recommended, report.holdout
+    reject, accept = format_threshold(rec.reject), format_threshold(rec.accept)
     summary = ""
     if held is not None:
         summary = (
@@ -255,12 +259,12 @@ def _verdict(report: CalibrationReport) -> str:
         )
     return (
         '<div class="verdict ok">'
-        f'<div class="big">Recommended: reject = {rec.reject:.2f}, accept = {rec.accept:.2f}</div>'
+        f'<div class="big">Recommended: reject = {reject}, accept = {accept}</div>'
         f"<div>Chosen on the calibration split for precision ≥ {report.targets['precision']:g} and "
         f"NPV ≥ {report.targets['npv']:g} at a one-sided 95% Wilson lower bound. {summary}</div>"
         + _cautions(report)
         + f"<div class=small><code>CandidateSelector(judge, ExecutionOptions(mode=Mode.ENFORCE), "
-        f"reject={rec.reject:.2f}, accept={rec.accept:.2f})</code></div></div>"
+        f"reject={reject}, accept={accept})</code></div></div>"
     )
 
 
@@ -337,19 +341,25 @@ def _enforce_section(report: CalibrationReport) -> str:
 def _sweep_table(report: CalibrationReport) -> str:
     rows = []
     chosen = report.recommended.accept if report.recommended else None
-    shown = [row for row in report.thresholds if round(row.accept * 100) % 5 == 0 or row.accept == chosen]
+    shown = [row for row in report.thresholds if row.accept == chosen or _every_five_hundredths(row.accept)]
     for row in shown:
         mark = ' class="pick"' if row.accept == chosen else ""
         rows.append(
-            f"<tr{mark}><td>{row.accept:.2f}</td><td>{row.selected}</td><td>{_pct(row.precision)}</td>"
+            f"<tr{mark}><td>{format_threshold(row.accept)}</td><td>{row.selected}</td><td>{_pct(row.precision)}</td>"
             f"<td>{_pct(row.precision_lower)}</td><td>{_pct(row.recall)}</td><td>{_pct(row.coverage)}</td></tr>"
         )
     return (
         "<h2>Accept thresholds on the calibration split</h2>"
         "<table><tr><th>accept</th><th>selected</th><th>precision</th><th>95% lower</th><th>recall</th>"
         "<th>coverage</th></tr>" + "".join(rows) + "</table>"
-        '<p class="muted small">Every 0.05 shown (and the recommendation); the JSON output has every 0.01.</p>'
+        '<p class="muted small">Every 0.05 shown, and the recommendation: an observed p, never a value '
+        "between two observed ones, where no label says anything. The JSON output has every 0.01.</p>"
     )
+
+
+def _every_five_hundredths(threshold: float) -> bool:
+    hundredths = round(threshold * 100)
+    return hundredths % 5 == 0 and math.isclose(threshold * 100, hundredths)
 
 
 def _data_section(report: CalibrationReport) -> str:
@@ -406,10 +416,10 @@ def render_report(report: CalibrationReport) -> str:
         "bars below the diagonal mean the judge is over-confident there. Numbers are labels per bin. "
         f"ECE {report.ece:.3f}, Brier {report.brier:.3f}.</figcaption></figure>"
         f"<figure>{_precision_svg(report)}<figcaption>Calibration split: the recommended accept is the "
-        "lowest threshold whose 95% lower bound (bottom of the band) reaches the target line."
+        "lowest observed p whose 95% lower bound (bottom of the band) reaches the target line."
         "</figcaption></figure>"
         f"<figure>{_npv_svg(report)}<figcaption>Calibration split: the recommended reject is the highest "
-        "threshold below accept whose NPV lower bound reaches its target.</figcaption></figure>"
+        "observed p below accept whose NPV lower bound reaches its target.</figcaption></figure>"
         "</div>"
     )
     return (

@@ -2,7 +2,9 @@
 
 Records are the JSONL a :class:`~llama_jev.JsonlObserver` writes; labels are JSONL lines
 ``{"node_id": ..., "relevant": true|false}`` with either ``"decision_id"`` or ``"query"``
-(``"relevant": null`` is a sheet row not labelled yet: counted, not used). Every problem is
+(``"relevant"`` is a JSON boolean, never 1 / 0; ``null`` is a sheet row not labelled yet:
+counted, not used). A CSV sheet's cells are text, so there true / false, yes / no and 1 / 0 all
+read, and an empty cell is not labelled yet. Every problem is
 reported with the file and line it came from, and nothing is dropped silently: error records,
 unjoined labels and disagreeing duplicates are counted and returned.
 """
@@ -236,9 +238,7 @@ def load_records(records: RecordsInput) -> list[LoggedDecision]:
 def _relevant(value: Any, *, text: bool) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):  # 1 / 0 say the same as true / false
-        return value == 1
-    if text and isinstance(value, str):  # CSV cells are text; JSON must use true / false
+    if text and isinstance(value, str):  # CSV cells are text; only there is "1" a spelling of true
         lowered = value.strip().lower()
         if lowered in {"true", "yes", "1", "y"}:
             return True
@@ -246,7 +246,8 @@ def _relevant(value: Any, *, text: bool) -> bool | None:
             return False
         if not lowered:
             return None
-    raise ValueError(f"'relevant' must be true or false, got {value!r}")
+    # JSON has a boolean type: a 1, 0 or "yes" there is a different export or a slip, not a label
+    raise ValueError(f"'relevant' must be true or false (a JSON boolean; null: not labelled yet), got {value!r}")
 
 
 def _label(entry: Any, secret: str | bytes | None, source: str, *, text: bool = False) -> Label | None:

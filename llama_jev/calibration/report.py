@@ -23,7 +23,36 @@ __all__ = [
 ]
 
 
-class _Frozen(BaseModel):
+class _ReadsLikeJson(BaseModel):
+    """Item access next to attribute access, so a result reads like its JSON:
+    ``report.holdout["npv"]`` is ``report.holdout.npv``, ``report.thresholds[0]["precision_lower"]``
+    works, ``"accept" in report.recommended`` is true, and ``dict(row)`` / ``{**row}`` give the
+    fields. Only the JSON's keys (the fields) are items; anything else is a ``KeyError``.
+
+    Example:
+        >>> row = RecommendedThresholds(reject=0.2, accept=0.8)
+        >>> row["accept"] == row.accept, "reject" in row, row.get("missing")
+        (True, True, None)
+    """
+
+    def __getitem__(self, key: str) -> Any:
+        if isinstance(key, str) and key in type(self).model_fields:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in type(self).model_fields
+
+    def keys(self) -> list[str]:
+        """The field names, in the JSON's order."""
+        return list(type(self).model_fields)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``self[key]``, or ``default`` when ``key`` is not a field."""
+        return getattr(self, key) if key in self else default
+
+
+class _Frozen(_ReadsLikeJson):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -137,10 +166,15 @@ class CalibrationReport(_Frozen):
     fitted on the calibration split (load it with ``mapping_from_dict`` and wrap the judge in
     ``CalibratedJudge`` when the raw probabilities are off).
 
+    Every object in it reads by attribute or, like the JSON, by key: ``report.recommended.accept``
+    is ``report.recommended["accept"]``, ``report.thresholds[0]["precision_lower"]`` works.
+
     Example:
         >>> report = calibrate("decisions.jsonl", "labels.jsonl")  # doctest: +SKIP
         >>> report.recommended  # doctest: +SKIP
         RecommendedThresholds(reject=0.12, accept=0.86)
+        >>> report.holdout["npv"] == report.holdout.npv  # doctest: +SKIP
+        True
     """
 
     labels: int

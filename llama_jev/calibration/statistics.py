@@ -1,8 +1,10 @@
 """The statistics of calibration, in the standard library: pure functions over (p, relevant) pairs.
 
 Conventions (the selector's): a candidate is *selected* at ``p >= accept``, *rejected* at
-``p <= reject`` and *uncertain* in between. Thresholds are swept on a grid of 0.01 so that a
-recommendation reads like a setting (0.83), not like a sample value (0.8271...).
+``p <= reject`` and *uncertain* in between. The recommended thresholds are *observed*
+probabilities of the labelled pairs (:func:`choose_thresholds`): a threshold between two observed
+values would reach into a range no label speaks for (with levels 0.55 and 0.65 only, an accept of
+0.56 accepts a future 0.6 on no evidence). The sweeps shown to people run on a grid of 0.01.
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ __all__ = [
     "BandMetrics",
     "EnforceOutcomes",
     "RejectRow",
+    "ThresholdChoice",
     "ReliabilityBin",
     "band_metrics",
     "brier_score",
     "choose_accept",
     "choose_reject",
+    "choose_thresholds",
     "enforce_outcomes",
     "expected_calibration_error",
+    "format_threshold",
+    "observed_thresholds",
     "reliability_table",
     "split_by_group",
     "sweep_accept",
@@ -40,7 +46,7 @@ Z_ONE_SIDED_95 = 1.6448536269514722
 """The standard normal quantile at 0.95: a one-sided 95% bound."""
 
 GRID: tuple[float, ...] = tuple(round(i / 100, 2) for i in range(101))
-"""Thresholds tried: 0.00, 0.01, ..., 1.00."""
+"""Thresholds of the displayed sweeps: 0.00, 0.01, ..., 1.00."""
 
 Pair = tuple[float, bool]
 """``(p, relevant)``."""
@@ -151,6 +157,16 @@ def sweep_reject(pairs: Sequence[Pair], grid: Iterable[float] = GRID) -> list[Re
     return rows
 
 
+def observed_thresholds(pairs: Sequence[Pair]) -> list[float]:
+    """The distinct probabilities of ``pairs``, ascending: the only thresholds labels speak for.
+
+    Example:
+        >>> observed_thresholds([(0.65, True), (0.05, False), (0.65, False)])
+        [0.05, 0.65]
+    """
+    return sorted({p for p, _ in pairs})
+
+
 def choose_accept(rows: Sequence[AcceptRow], target_precision: float) -> AcceptRow | None:
     """The lowest threshold whose precision lower bound meets ``target_precision``, if any."""
     meeting = [row for row in rows if row.precision_lower >= target_precision]
@@ -161,6 +177,52 @@ def choose_reject(rows: Sequence[RejectRow], min_npv: float, *, below: float) ->
     """The highest threshold under ``below`` whose NPV lower bound meets ``min_npv``, if any."""
     meeting = [row for row in rows if row.npv_lower >= min_npv and row.reject < below]
     return max(meeting, key=lambda row: row.reject) if meeting else None
+
+
+@dataclass(frozen=True)
+class ThresholdChoice:
+    """What :func:`choose_thresholds` found: ``accept`` / ``reject`` rows (``None``: not met) and
+    ``best``, the accept with the highest precision lower bound (to say how far off a miss is)."""
+
+    accept: AcceptRow | None
+    reject: RejectRow | None
+    best: AcceptRow | None
+
+
+def choose_thresholds(pairs: Sequence[Pair], target_precision: float, min_npv: float) -> ThresholdChoice:
+    """Recommend thresholds at observed probabilities of ``pairs``.
+
+    ``accept`` is the lowest observed p whose one-sided 95% Wilson lower bound on the precision of
+    ``p >= accept`` meets ``target_precision``; ``reject`` the highest observed p *below accept*
+    whose lower bound on the NPV of ``p <= reject`` meets ``min_npv``. Precision is what ENFORCE
+    promises, so accept is chosen first: when the NPV would be met at or above it, reject stays at
+    the highest qualifying observed p under accept (the band of uncertain values may then hold no
+    labelled pair, never a negative width). No accept: ``reject`` is ``None`` too.
+
+    Example:
+        >>> pairs = [(0.05, False)] * 60 + [(0.55, True), (0.55, False)] * 3 + [(0.95, True)] * 40
+        >>> choice = choose_thresholds(pairs, 0.9, 0.95)
+        >>> choice.reject.reject, choice.accept.accept
+        (0.05, 0.95)
+    """
+    candidates = observed_thresholds(pairs)
+    accept_rows = sweep_accept(pairs, candidates)
+    accept = choose_accept(accept_rows, target_precision)
+    reject = choose_reject(sweep_reject(pairs, candidates), min_npv, below=accept.accept) if accept else None
+    best = max(accept_rows, key=lambda row: row.precision_lower, default=None)
+    return ThresholdChoice(accept=accept, reject=reject, best=best)
+
+
+def format_threshold(value: float) -> str:
+    """A threshold as text to copy into a setting: two decimals when that is exact, else every
+    digit (an observed 0.653 printed as 0.65 would reach into a range no label speaks for).
+
+    Example:
+        >>> format_threshold(0.8), format_threshold(0.653)
+        ('0.80', '0.653')
+    """
+    short = f"{value:.2f}"
+    return short if float(short) == value else repr(float(value))
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llama_jev.serve: {error}", file=sys.stderr)
         return 2
     served = UncertainElsewhere(judge)
-    server = SystemOneTestServer(judge=served, api_key=args.api_key, host=args.host, port=args.port)
+    # keep_requests=False: a server that runs for days must not hold every request's text and key.
+    server = SystemOneTestServer(
+        judge=served, api_key=args.api_key, host=args.host, port=args.port, keep_requests=False
+    )
     try:
         server.start()
     except OSError as error:

@@ -86,6 +86,7 @@ def test_python_m_llama_jev_serve_judges_over_http_and_stops_on_ctrl_c() -> None
         banner = server.stdout.readline()
         found = re.search(r"(http://127\.0\.0\.1:\d+)/v1/systemone", banner)
         assert found, banner
+        usage = server.stdout.readline()
         # The server asks for no key; the client always sends one.
         with JevClient(api_key="any", base_url=found.group(1)) as client:
             selector = CandidateSelector(client, ExecutionOptions(mode=Mode.ENFORCE, budget=60.0))
@@ -106,3 +107,5 @@ def test_python_m_llama_jev_serve_judges_over_http_and_stops_on_ctrl_c() -> None
     assert bad.status_code == 422
     assert (server.returncode, err) == (0, "")
     assert "stopped" in out
+    # JevClient needs some key even when this server checks none: the banner says which.
+    assert f"TYPESAFE_BASE_URL={found.group(1)} and TYPESAFE_API_KEY=any value" in usage

@@ -896,7 +896,7 @@ class LocalRelevanceJudge(_PassageJudge):
     on the fitting data ``p >= 0.8`` keeps precision >= 0.9 and ``p <= 0.2`` keeps NPV >= 0.95;
     the measured held-out figures are in the README). A blank passage gets ``p = 0``.
 
-    **Long texts are windowed, never truncated**: the passage is cut into overlapping 254-token
+    **Long texts are windowed, never truncated**: the passage is cut into overlapping 96-token
     windows (one tokenizer, the same windows for all four models), each window gets its own
     features (cosines against the best-matching window of the query) and probability, and the
     passage gets the **highest probability of its windows**: it answers the query when some part
@@ -920,8 +920,12 @@ class LocalRelevanceJudge(_PassageJudge):
         parameters: a fit in the shape of ``llama_jev/assets/local_judge.json`` (default: that file).
         model: the model name written into results and records (default: the fit's name).
         accepted_questions: the question texts answered; ``None`` accepts any text.
-        window_overlap: tokens shared by consecutive windows of a long text (default 64).
+        window_tokens: tokens per window of a long text (default 96).
+        window_overlap: tokens shared by consecutive windows of a long text (default 32).
         query_cache_size: queries whose embeddings are kept (default 128; 0 disables the cache).
+
+    The four models are loaded at construction (about a second; more on a busy machine), so the
+    first judgement does not spend its budget loading them.
 
     Raises:
         ImportError: at construction, when a package of the ``local`` extra is not installed.
@@ -996,12 +1000,15 @@ class LocalRelevanceJudge(_PassageJudge):
         self.paraphrase = paraphrase if paraphrase is not None else ParaphraseMiniLMEncoder()
         self.cross_encoder = cross_encoder if cross_encoder is not None else MarcoCrossEncoder()
         self._queries = _QueryCache(query_cache_size)
+        # Loaded now, not by the first request: loading takes seconds on a busy machine, and inside
+        # a judgement it would spend the judgement's budget (2 s by default) and time it out.
+        self.load()
 
     def __repr__(self) -> str:
         return f"LocalRelevanceJudge(model={self.model!r}, mapping={self.mapping!r})"
 
     def load(self) -> None:
-        """Load the four models now instead of on the first request."""
+        """Load the four models (construction already does; a no-op once they are loaded)."""
         for encoder in (self.bge, self.encoder, self.paraphrase):
             encoder.load()
         self.cross_encoder.load()

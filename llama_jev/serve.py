@@ -115,14 +115,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llama_jev.serve: {error}", file=sys.stderr)
         return 2
     served = UncertainElsewhere(judge)
-    server = SystemOneTestServer(judge=served, api_key=args.api_key, host=args.host, port=args.port)
+    # keep_requests=False: a server that runs for days must not hold every request's text and key.
+    server = SystemOneTestServer(
+        judge=served, api_key=args.api_key, host=args.host, port=args.port, keep_requests=False
+    )
     try:
         server.start()
     except OSError as error:
         print(f"llama_jev.serve: cannot listen on {args.host}:{args.port}: {error.strerror}", file=sys.stderr)
         return 2
     print(f"llama_jev.serve: {served.model} ({type(judge).__name__}, not Jev) at {server.url}", flush=True)
-    print(f"  use it with TYPESAFE_BASE_URL={server.base_url}; Ctrl-C stops", flush=True)
+    # JevClient always needs some key, and a user with only the URL set meets "no System One API key".
+    key = "the key given with --api-key" if args.api_key is not None else "any value (no key is checked)"
+    print(f"  use it with TYPESAFE_BASE_URL={server.base_url} and TYPESAFE_API_KEY={key}; Ctrl-C stops", flush=True)
     stop = threading.Event()
     # Ctrl-C (SIGINT) and SIGTERM both stop the server, also when the shell started it in the
     # background with SIGINT ignored.

@@ -375,6 +375,10 @@ class SystemOneTestServer:
             requests are recorded (status 429, fault ``Fault.rate_limited``) but do not count in
             :attr:`max_in_flight`; :attr:`rate_limited_count` counts them.
         limit_retry_after: the ``Retry-After`` sent with those 429s (fractions allowed).
+        keep_requests: keep every request (line, headers, body) for :attr:`requests` and
+            :meth:`received_text` (default). ``False`` for a long-running server such as
+            ``llama_jev.serve``: nothing is kept, so memory does not grow with traffic and no
+            passage text or key stays in memory; the counters still count.
 
     Routes: ``POST /v1/systemone``, ``GET /v1/models``; anything else gets a JSON 404 (or 405).
     Faults (:meth:`inject`, :meth:`inject_always`) apply only to ``POST /v1/systemone``
@@ -409,6 +413,7 @@ class SystemOneTestServer:
         port: int = 0,
         in_flight_limit: int | None = None,
         limit_retry_after: float = 0.1,
+        keep_requests: bool = True,
     ) -> None:
         if judge is not None and answer is not None:
             raise ValueError("pass an answer function or a judge, not both")
@@ -429,7 +434,10 @@ class SystemOneTestServer:
         self._lock = threading.Lock()
         self._faults: deque[Fault] = deque()
         self._always: Fault | None = None
+        self._keep_requests = keep_requests
         self._requests: list[RecordedRequest] = []
+        self._request_count = 0
+        self._rate_limited_count = 0
         self._in_flight = 0
         self._max_in_flight = 0
         self._connections_opened = 0
@@ -583,6 +591,8 @@ class SystemOneTestServer:
         """
         with self._lock:
             self._requests.clear()
+            self._request_count = 0
+            self._rate_limited_count = 0
             self._faults.clear()
             self._always = None
             self._max_in_flight = self._in_flight
@@ -592,7 +602,10 @@ class SystemOneTestServer:
 
     @property
     def requests(self) -> list[RecordedRequest]:
-        """A copy of the requests received, in the order their responses were decided."""
+        """A copy of the requests received, in the order their responses were decided.
+
+        Empty when the server was made with ``keep_requests=False``.
+        """
         with self._lock:
             return list(self._requests)
 
@@ -600,7 +613,7 @@ class SystemOneTestServer:
     def request_count(self) -> int:
         """How many requests were received (every route, faulted or not)."""
         with self._lock:
-            return len(self._requests)
+            return self._request_count
 
     @property
     def max_in_flight(self) -> int:
@@ -616,7 +629,7 @@ class SystemOneTestServer:
     def rate_limited_count(self) -> int:
         """How many requests got a 429, from ``in_flight_limit`` or from an injected fault."""
         with self._lock:
-            return sum(1 for request in self._requests if request.status == 429)
+            return self._rate_limited_count
 
     @property
     def connections_opened(self) -> int:
@@ -686,7 +699,11 @@ class SystemOneTestServer:
         with self._lock:
             if counted:
                 self._in_flight -= 1
-            self._requests.append(record)
+            self._request_count += 1
+            if record.status == 429:
+                self._rate_limited_count += 1
+            if self._keep_requests:
+                self._requests.append(record)
 
     def _route(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, parsed: Any, fault: Fault | None

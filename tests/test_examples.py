@@ -409,6 +409,10 @@ def test_python_m_examples_refund_policy_runs_offline_without_a_key(tmp_path: Pa
     first = subprocess.run(command, cwd=REPO, env=_offline_environment(), capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     assert "NOT Jev" in first.stdout
+    # Before any answer: what selected / rejected / uncertain mean and how ENFORCE can end.
+    flat = " ".join(first.stdout.split())  # the legend is wrapped to the terminal width
+    assert "selected (p >= 0.8), rejected (p <= 0.2) or uncertain (in between)" in flat
+    assert "INCONCLUSIVE (nothing selected, something uncertain)" in flat
     assert f"Ingested {len(kb.DOCUMENTS)} documents" in first.stdout
     alice = _section(first.stdout, ALICE)
     assert "Refunds are available for unused items returned within seven days" in alice

@@ -358,6 +358,7 @@ def test_a_base_url_without_a_key_uses_that_server_over_http() -> None:
     assert isinstance(choice.component, JevClient)
     assert choice.component.base_url == "http://127.0.0.1:8000"
     assert "no key" in choice.label
+    assert "not Jev" in choice.note  # the served local model must not pass for Jev
 
 
 def test_without_key_or_local_extra_the_example_falls_back_to_a_scripted_judge(

@@ -374,6 +374,7 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
             await close()
 
 
+@store.reports_unreachable
 def main(argv: list[str] | None = None) -> int:
     """Ask the question as each user through the agent and print what happened."""
     parser = argparse.ArgumentParser(prog="python -m examples.agent_search_knowledge", description=__doc__)

@@ -21,7 +21,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallB
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 
 from examples import agent_search_knowledge as agent_example
-from examples.refund_policy import kb, models, store
+from examples.refund_policy import ingest, kb, models, store
 from examples.refund_policy.ingest import build_collection, ensure_collection
 from examples.refund_policy.query import (
     CollectionMissingError,
@@ -587,3 +587,16 @@ def _local_qdrant_only(monkeypatch: pytest.MonkeyPatch) -> None:
     # A developer's exported QDRANT_URL must not send these tests to (and rebuild collections on) a real server.
     monkeypatch.delenv("QDRANT_URL", raising=False)
     monkeypatch.delenv("QDRANT_API_KEY", raising=False)
+
+
+def test_an_unreachable_qdrant_server_is_one_clear_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QDRANT_URL", "https://127.0.0.1:9")  # nothing listens there (https: a key over http warns)
+    monkeypatch.setenv("QDRANT_API_KEY", "k-never-printed")
+    assert ingest.main([]) == 2
+    error = capsys.readouterr().err
+    assert "cannot reach the Qdrant server at https://127.0.0.1:9 (QDRANT_URL)" in error
+    assert "unset QDRANT_URL to use local mode" in error
+    assert "k-never-printed" not in error
+

@@ -232,7 +232,8 @@ def render(outcome: Outcome) -> str:
         summary = (
             f"Record {record.decision_id[:8]}: {record.status.value} / {record.reason.value}; retrieved "
             f"{record.retrieved}, ACL denied {record.denied}, judged {record.candidates} "
-            f"({_why_candidates(outcome.mode)}); {record.elapsed_ms:.0f} ms, model {record.model}"
+            f"({_why_candidates(outcome.mode)}); {record.elapsed_ms:.0f} ms, "
+            f"model {record.model or 'unknown (no answer)'}"
         )
         lines.append(textwrap.fill(summary, width=_WIDTH, initial_indent="  ", subsequent_indent="    "))
         verdicts = [("selected", record.selected), ("uncertain", record.uncertain), ("rejected", record.rejected)]
@@ -306,6 +307,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+@store.reports_unreachable
 def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> int:
     """Run the walkthrough and print it. With ``ingest_if_missing``, build the collection first if needed."""
     prog = "python -m examples.refund_policy" if ingest_if_missing else "python -m examples.refund_policy.query"

@@ -275,8 +275,8 @@ def render_header(store_line: str, embedding: Choice, judge: Choice, question: s
 # What the record's three lists and ENFORCE's outcomes mean, said once before any user's answers.
 VERDICTS = (
     "the judge gives each passage a probability p: selected (p >= 0.8), rejected (p <= 0.2) or "
-    "uncertain (in between). ENFORCE ends one of three ways: the selected passages; [] when every "
-    "passage is rejected (a real 'no evidence'); or an error the app must not answer from: "
+    "uncertain (in between). ENFORCE returns the selected passages, or [] when every passage is "
+    "rejected (a real 'no evidence'), or raises an error the app must not answer from: "
     "INCONCLUSIVE (nothing selected, something uncertain) or UNAVAILABLE (the judge failed)."
 )
 

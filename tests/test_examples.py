@@ -600,3 +600,18 @@ def test_an_unreachable_qdrant_server_is_one_clear_line_not_a_traceback(
     assert "unset QDRANT_URL to use local mode" in error
     assert "k-never-printed" not in error
 
+
+
+def test_the_scripted_agent_says_try_again_only_when_the_error_says_retrying_may_help() -> None:
+    inconclusive = agent_example._answer_from(
+        "no passage was clearly relevant and 2 were uncertain; this is not an empty result, ... "
+        "Retrying the same query is unlikely to help; a more specific one may."
+    )
+    timeout = agent_example._answer_from(
+        "the relevance judge failed (TIMEOUT: TimeoutError, no HTTP status); this is not an empty result, the "
+        "knowledge base was not searched to a conclusion. Retrying later may help (the judge timed out, ...)."
+    )
+    assert inconclusive == (
+        "I cannot answer this from the knowledge base (no passage was clearly relevant and 2 were uncertain)."
+    )
+    assert timeout.endswith("(TIMEOUT: TimeoutError, no HTTP status)). Please try again later.")

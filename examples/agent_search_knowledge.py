@@ -84,8 +84,11 @@ def _answer_from(tool_output: str) -> str:
     try:
         passages = ast.literal_eval(tool_output)
     except (ValueError, SyntaxError):
-        # Not a passage list: the tool raised, and the agent passed its message on.
-        return f"I could not search the knowledge base ({tool_output}). Please try again later."
+        # Not a passage list: the tool raised, and the agent passed its message on. The user gets
+        # what happened (the part before the advice meant for the model); only a failure whose
+        # message says retrying may help earns "try again later" (an inconclusive judgement does not).
+        later = " Please try again later." if "Retrying later may help" in tool_output else ""
+        return f"I cannot answer this from the knowledge base ({tool_output.split(';')[0]}).{later}"
     if not passages:
         return "The knowledge base has no passage that answers this, so I cannot answer it from there."
     cited = "\n".join(f"- {passage['text']} [source {passage['id']}]" for passage in passages)
@@ -372,6 +375,7 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
             await close()
 
 
+@store.reports_unreachable
 def main(argv: list[str] | None = None) -> int:
     """Ask the question as each user through the agent and print what happened."""
     parser = argparse.ArgumentParser(prog="python -m examples.agent_search_knowledge", description=__doc__)

@@ -174,7 +174,11 @@ class JudgedRetrieval:
             return []
         if decision.status is Status.INCONCLUSIVE:
             raise RetrievalInconclusiveError(
-                f"no passage was clearly relevant and {len(selection.uncertain)} were uncertain",
+                # The whole message reaches an agent's model as the tool error: say what to do too.
+                f"no passage was clearly relevant and {len(selection.uncertain)} were uncertain; this is "
+                "not an empty result, the knowledge base may hold the answer but the judge could not "
+                "confirm it, so do not answer from it. Retrying the same query is unlikely to help; a "
+                "more specific one may.",
                 uncertain=selection.uncertain,
             )
         by_id = {node.node.node_id: node for node in authorized}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallB
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 
 from examples import agent_search_knowledge as agent_example
-from examples.refund_policy import kb, models, store
+from examples.refund_policy import ingest, kb, models, store
 from examples.refund_policy.ingest import build_collection, ensure_collection
 from examples.refund_policy.query import (
     CollectionMissingError,
@@ -358,6 +359,7 @@ def test_a_base_url_without_a_key_uses_that_server_over_http() -> None:
     assert isinstance(choice.component, JevClient)
     assert choice.component.base_url == "http://127.0.0.1:8000"
     assert "no key" in choice.label
+    assert "not Jev" in choice.note  # the served local model must not pass for Jev
 
 
 def test_without_key_or_local_extra_the_example_falls_back_to_a_scripted_judge(
@@ -409,6 +411,10 @@ def test_python_m_examples_refund_policy_runs_offline_without_a_key(tmp_path: Pa
     first = subprocess.run(command, cwd=REPO, env=_offline_environment(), capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     assert "NOT Jev" in first.stdout
+    # Before any answer: what selected / rejected / uncertain mean and how ENFORCE can end.
+    flat = " ".join(first.stdout.split())  # the legend is wrapped to the terminal width
+    assert "selected (p >= 0.8), rejected (p <= 0.2) or uncertain (in between)" in flat
+    assert "INCONCLUSIVE (nothing selected, something uncertain)" in flat
     assert f"Ingested {len(kb.DOCUMENTS)} documents" in first.stdout
     alice = _section(first.stdout, ALICE)
     assert "Refunds are available for unused items returned within seven days" in alice
@@ -582,3 +588,37 @@ def _local_qdrant_only(monkeypatch: pytest.MonkeyPatch) -> None:
     # A developer's exported QDRANT_URL must not send these tests to (and rebuild collections on) a real server.
     monkeypatch.delenv("QDRANT_URL", raising=False)
     monkeypatch.delenv("QDRANT_API_KEY", raising=False)
+
+
+@pytest.mark.filterwarnings("ignore:Failed to obtain server version:UserWarning")
+def test_an_unreachable_qdrant_server_is_one_clear_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QDRANT_URL", "https://127.0.0.1:9")  # nothing listens there (https: a key over http warns)
+    monkeypatch.setenv("QDRANT_API_KEY", "k-never-printed")
+    assert ingest.main([]) == 2
+    # qdrant-client checks the server's version in a daemon thread (named after its target since
+    # Python 3.10); let it warn inside this test rather than in whichever test runs next.
+    for thread in threading.enumerate():
+        if "_check_compatibility" in thread.name:
+            thread.join()
+    error = capsys.readouterr().err
+    assert "cannot reach the Qdrant server at https://127.0.0.1:9 (QDRANT_URL)" in error
+    assert "unset QDRANT_URL to use local mode" in error
+    assert "k-never-printed" not in error
+
+
+
+def test_the_scripted_agent_says_try_again_only_when_the_error_says_retrying_may_help() -> None:
+    inconclusive = agent_example._answer_from(
+        "no passage was clearly relevant and 2 were uncertain; this is not an empty result, ... "
+        "Retrying the same query is unlikely to help; a more specific one may."
+    )
+    timeout = agent_example._answer_from(
+        "the relevance judge failed (TIMEOUT: TimeoutError, no HTTP status); this is not an empty result, the "
+        "knowledge base was not searched to a conclusion. Retrying later may help (the judge timed out, ...)."
+    )
+    assert inconclusive == (
+        "I cannot answer this from the knowledge base (no passage was clearly relevant and 2 were uncertain)."
+    )
+    assert timeout.endswith("(TIMEOUT: TimeoutError, no HTTP status)). Please try again later.")

@@ -572,6 +572,21 @@ async def test_agent_sees_a_judge_failure_as_a_tool_error(jev_server: SystemOneT
     assert "[]" not in answer
 
 
+async def test_agent_sees_an_inconclusive_judgement_as_a_tool_error_saying_what_to_do(
+    jev_server: SystemOneTestServer,
+) -> None:
+    jev_server.set_answer(lambda *args: 0.5)  # every passage uncertain: nothing selected
+    agent = FunctionAgent(tools=[knowledge_tool(jev_server)], llm=scripted_agent_llm({"query": QUERY}))
+    with runtime_context(ALICE):
+        answer = str(await agent.run(QUERY))
+    # The model reads the error's message: not "no evidence", not "try again", and no passage.
+    assert "not an empty result" in answer
+    assert "do not answer from it" in answer
+    assert "Retrying the same query is unlikely to help" in answer
+    assert "[]" not in answer
+    assert "Refund policy: refunds for unused items" not in answer
+
+
 def test_tool_without_bound_identity_fails(jev_server: SystemOneTestServer) -> None:
     tool = knowledge_tool(jev_server)
     with pytest.raises(MissingRuntimeContextError):

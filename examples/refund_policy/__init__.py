@@ -8,3 +8,12 @@ Two steps, as in a real deployment:
 
 ``python -m examples.refund_policy`` does both: it ingests only if the collection is missing.
 """
+
+try:  # the example extra; without it the first import error would name a module, not the fix
+    import llama_index.vector_stores.qdrant  # noqa: F401
+    import qdrant_client  # noqa: F401
+except ImportError as error:
+    raise ModuleNotFoundError(
+        f"the refund_policy example needs Qdrant ({error.name} is missing): install the example extra, "
+        '`pip install -e ".[example]"` in the llama_jev clone'
+    ) from error

@@ -170,6 +170,7 @@ def steps(index: VectorStoreIndex, judge: Judge, out: Path, say: Callable[[str],
     return True
 
 
+@store.reports_unreachable
 def main(argv: list[str] | None = None) -> int:
     """Run the three steps with the example's judge and print them (0 either way: staying in SHADOW
     when the labels say so is the walkthrough working, not failing)."""

@@ -60,6 +60,7 @@ def ensure_collection(client: QdrantClient, embed_model: BaseEmbedding, *, rebui
     return Ingestion(collection=name, points=points, built=built, seconds=time.perf_counter() - started)
 
 
+@store.reports_unreachable
 def main(argv: list[str] | None = None) -> int:
     """Build the collection (``--rebuild`` to redo it) and say where it is."""
     parser = argparse.ArgumentParser(prog="python -m examples.refund_policy.ingest", description=__doc__)

@@ -85,7 +85,12 @@ def choose_judge(embed_model: BaseEmbedding | None = None, environ: Mapping[str,
     if base_url is not None:
         # A server that asks for no key, such as `python -m llama_jev.serve`; the client always sends one.
         client = JevClient(api_key="no-key", base_url=base_url)
-        return Choice(client, f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL, no key)")
+        return Choice(
+            client,
+            f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL, no key)",
+            "Whatever judge that server runs (each record below names its model); "
+            "python -m llama_jev.serve --judge local serves the local model, not Jev.",
+        )
     try:
         from llama_jev.local import LocalEmbedding, LocalRelevanceJudge
 

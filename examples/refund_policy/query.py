@@ -172,7 +172,7 @@ def walkthrough(
 
 _MODE_LINES = {
     Mode.OFF: "OFF: ACL only, no judge call, no record",
-    Mode.SHADOW: "SHADOW: the judge is asked and its verdict recorded; the passages are left as they were",
+    Mode.SHADOW: "SHADOW: the passages are served as OFF would serve them; the judge's verdict is only recorded",
     Mode.ENFORCE: "ENFORCE: only passages the judge accepts (p >= 0.8) reach the answer generator",
 }
 
@@ -213,8 +213,8 @@ def render(outcome: Outcome) -> str:
     lines = [f"--- {_MODE_LINES[outcome.mode]}"]
     if outcome.error is not None:
         kind = "INCONCLUSIVE" if isinstance(outcome.error, RetrievalInconclusiveError) else "UNAVAILABLE"
-        lines.append(f"  {kind}: {outcome.error}")
-        lines.append("  (an error, not an empty answer: the answer generator gets nothing and must not guess)")
+        # The error's own message says it is not an empty result and what to do.
+        lines.append(_wrap(f"{kind} (an error; the answer generator gets nothing): {outcome.error}", "  "))
     else:
         count = len(outcome.passages)
         lines.append(f"  The answer generator receives {count} passage{'s' if count != 1 else ''}:")
@@ -232,7 +232,8 @@ def render(outcome: Outcome) -> str:
         summary = (
             f"Record {record.decision_id[:8]}: {record.status.value} / {record.reason.value}; retrieved "
             f"{record.retrieved}, ACL denied {record.denied}, judged {record.candidates} "
-            f"({_why_candidates(outcome.mode)}); {record.elapsed_ms:.0f} ms, model {record.model}"
+            f"({_why_candidates(outcome.mode)}); {record.elapsed_ms:.0f} ms, "
+            f"model {record.model or 'unknown (no answer)'}"
         )
         lines.append(textwrap.fill(summary, width=_WIDTH, initial_indent="  ", subsequent_indent="    "))
         verdicts = [("selected", record.selected), ("uncertain", record.uncertain), ("rejected", record.rejected)]
@@ -263,11 +264,21 @@ def render_header(store_line: str, embedding: Choice, judge: Choice, question: s
     lines.append("ACL          : MetadataAcl over tenant / users / roles / public; it runs before the judge, so")
     lines.append("               text a user may not read is never sent to the judge")
     lines.append(f"Question     : {question}")
+    lines.append(_wrap(VERDICTS, "               ").replace(" " * 15, "Verdicts     : ", 1))
     lines.append("")
     lines.append(f"Knowledge base ({len(kb.DOCUMENTS)} documents, two tenants):")
     for document in kb.DOCUMENTS:
         lines.append(f"  [{document.key}] {document.title}: {kb.access_line(document)}")
     return "\n".join(lines)
+
+
+# What the record's three lists and ENFORCE's outcomes mean, said once before any user's answers.
+VERDICTS = (
+    "the judge gives each passage a probability p: selected (p >= 0.8), rejected (p <= 0.2) or "
+    "uncertain (in between). ENFORCE returns the selected passages, or [] when every passage is "
+    "rejected (a real 'no evidence'), or raises an error the app must not answer from: "
+    "INCONCLUSIVE (nothing selected, something uncertain) or UNAVAILABLE (the judge failed)."
+)
 
 
 FOOTER = """\
@@ -296,6 +307,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+@store.reports_unreachable
 def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> int:
     """Run the walkthrough and print it. With ``ingest_if_missing``, build the collection first if needed."""
     prog = "python -m examples.refund_policy" if ingest_if_missing else "python -m examples.refund_policy.query"

@@ -10,18 +10,21 @@ The same code serves both; only the environment changes:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from qdrant_client import AsyncQdrantClient, QdrantClient
 
 DEFAULT_STORAGE = Path(__file__).resolve().parent / "storage"
 COLLECTION_PREFIX = "refund_policy"
+P = ParamSpec("P")
 STORAGE_HELP = f"the local-mode folder (default: {DEFAULT_STORAGE}); unused when QDRANT_URL is set"
 
 
@@ -43,11 +46,45 @@ def describe(options: Mapping[str, Any]) -> str:
     return f"Qdrant local mode, on disk at {options['path']}"
 
 
+class QdrantUnreachableError(RuntimeError):
+    """The Qdrant server named by ``QDRANT_URL`` did not answer (not started, wrong URL or key)."""
+
+
+def reports_unreachable(main: Callable[P, int]) -> Callable[P, int]:
+    """Wrap a command's ``main`` so an unreachable server is one line on stderr and exit status 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except QdrantUnreachableError as error:
+            print(error, file=sys.stderr)
+            return 2
+
+    return wrapper
+
+
 @contextmanager
 def connect(path: str | os.PathLike[str] | None = None) -> Iterator[QdrantClient]:
-    """A Qdrant client for this environment, closed on exit (which releases a local folder's lock)."""
-    client = QdrantClient(**client_options(path))
+    """A Qdrant client for this environment, closed on exit (which releases a local folder's lock).
+
+    Raises:
+        QdrantUnreachableError: ``QDRANT_URL`` is set and the server does not answer.
+    """
+    options = client_options(path)
+    client = QdrantClient(**options)
     try:
+        if "url" in options:
+            # Ask once, up front: otherwise the first failure is a traceback deep in the ingestion.
+            try:
+                client.get_collections()
+            except Exception as error:  # qdrant-client raises several unrelated types here
+                raise QdrantUnreachableError(
+                    f"cannot reach the Qdrant server at {options['url']} (QDRANT_URL): {type(error).__name__}: "
+                    f"{str(error)[:200]}. Start it (docker compose -f docker/docker-compose.yml up -d, then wait "
+                    "until `docker compose -f docker/docker-compose.yml ps` says healthy), check QDRANT_API_KEY, "
+                    "or unset QDRANT_URL to use local mode."
+                ) from error
         yield client
     finally:
         client.close()

@@ -2,9 +2,13 @@
 
     python -m llama_jev.label_sheet --records decisions.jsonl --persist-dir ./storage \\
         --out sheet.csv [--sample 100] [--seed 0] [--purpose P] [--version V]
+    python -m llama_jev.label_sheet --records decisions.jsonl --qdrant-path ./qdrant \\
+        --collection kb --out sheet.csv          (or --qdrant-url http://localhost:6333)
 
-Node text comes from a LlamaIndex storage folder (``index.storage_context.persist(dir)``); for
-other stores (Qdrant, ...) call ``llama_jev.calibration.write_label_sheet`` with your index.
+Node text comes from a LlamaIndex storage folder (``index.storage_context.persist(dir)``, which
+holds ``docstore.json``) or from a Qdrant collection written by LlamaIndex (local folder or
+server; ``QDRANT_API_KEY`` is sent when set). For any other store call
+``llama_jev.calibration.write_label_sheet`` with your index.
 Fill the ``relevant`` column, then: ``python -m llama_jev.calibrate --records decisions.jsonl
 --labels sheet.csv``. Exit status: 0 written, 2 unusable input.
 """
@@ -12,8 +16,10 @@ Fill the ``relevant`` column, then: ``python -m llama_jev.calibrate --records de
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from llama_jev.calibration.records import CalibrationInputError
 from llama_jev.calibration.sheet import write_label_sheet
@@ -27,7 +33,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Sample decisions from a SHADOW log and write a sheet to label (text from your own index).",
     )
     parser.add_argument("--records", required=True, help="decision records, one JSON object per line")
-    parser.add_argument("--persist-dir", required=True, help="a LlamaIndex storage folder holding the docstore")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--persist-dir", help="a LlamaIndex storage folder holding docstore.json")
+    source.add_argument("--qdrant-path", help="a Qdrant local-mode folder (with --collection)")
+    source.add_argument("--qdrant-url", help="a Qdrant server (with --collection; QDRANT_API_KEY if set)")
+    parser.add_argument("--collection", help="the Qdrant collection holding the nodes")
     parser.add_argument("--out", required=True, help="the sheet to write: .csv, or JSONL for any other suffix")
     parser.add_argument("--sample", type=int, default=100, help="how many decisions to sample (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
@@ -38,18 +48,26 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
-    args = _parser().parse_args(argv)
-    from llama_index.core import StorageContext
-
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.persist_dir is None and not args.collection:
+        parser.error("--qdrant-path / --qdrant-url need --collection NAME")
     try:
-        docstore = StorageContext.from_defaults(persist_dir=args.persist_dir).docstore
-    except (OSError, ValueError) as error:
-        print(f"llama_jev.label_sheet: cannot open the storage folder {args.persist_dir}: {error}", file=sys.stderr)
+        source = _source(args)
+    except (OSError, ValueError, ImportError, RuntimeError) as error:
+        where = args.persist_dir or args.qdrant_path or args.qdrant_url
+        hint = (
+            " (a storage folder written by index.storage_context.persist(); if your text lives in Qdrant, "
+            "use --qdrant-path or --qdrant-url with --collection)"
+            if args.persist_dir
+            else ""
+        )
+        print(f"llama_jev.label_sheet: cannot open {where}: {type(error).__name__}: {error}{hint}", file=sys.stderr)
         return 2
     try:
         sheet = write_label_sheet(
             args.records,
-            docstore,
+            source,
             args.out,
             sample=args.sample,
             seed=args.seed,
@@ -68,6 +86,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"python -m llama_jev.calibrate --records {args.records} --labels {args.out}"
     )
     return 0
+
+
+def _source(args: argparse.Namespace) -> Any:
+    """The docstore or vector store the sheet's text is read from."""
+    if args.persist_dir is not None:
+        from llama_index.core import StorageContext
+
+        return StorageContext.from_defaults(persist_dir=args.persist_dir).docstore
+    try:
+        from llama_index.vector_stores.qdrant import QdrantVectorStore
+        from qdrant_client import QdrantClient
+    except ImportError as error:
+        raise ImportError('reading from Qdrant needs the qdrant extra: pip install -e ".[qdrant]"') from error
+    if args.qdrant_path is not None:
+        client = QdrantClient(path=args.qdrant_path)
+    else:
+        client = QdrantClient(url=args.qdrant_url, api_key=os.environ.get("QDRANT_API_KEY") or None)
+    if not client.collection_exists(args.collection):
+        raise ValueError(f"no collection named {args.collection!r}")
+    return QdrantVectorStore(collection_name=args.collection, client=client)
 
 
 if __name__ == "__main__":

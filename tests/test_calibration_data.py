@@ -202,3 +202,42 @@ def test_label_sheet_cli_reads_a_persisted_index(tmp_path: Path) -> None:
     assert "passage 0" in (tmp_path / "sheet.csv").read_text()
     # the records themselves never held the text
     assert "passage 0" not in records.read_text()
+
+
+@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
+def test_label_sheet_cli_reads_text_from_a_qdrant_local_collection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llama_jev import label_sheet
+
+    ids = [str(uuid.uuid5(uuid.NAMESPACE_URL, f"cli-sheet/{i}")) for i in range(2)]
+    client = QdrantClient(path=str(tmp_path / "qdrant"))
+    try:
+        VectorStoreIndex(
+            [TextNode(id_=node_id, text=f"qdrant cli passage {i}") for i, node_id in enumerate(ids)],
+            storage_context=StorageContext.from_defaults(vector_store=QdrantVectorStore("kb", client=client)),
+            embed_model=HashEmbedding(),
+        )
+    finally:
+        client.close()  # local mode: one client per folder at a time
+    records = write_jsonl(tmp_path / "records.jsonl", [record("d0", {ids[0]: 0.9, ids[1]: 0.1})])
+    code = label_sheet.main(
+        ["--records", str(records), "--qdrant-path", str(tmp_path / "qdrant"), "--collection", "kb",
+         "--out", str(tmp_path / "sheet.csv")]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert "qdrant cli passage 1" in (tmp_path / "sheet.csv").read_text()
+
+
+def test_label_sheet_cli_on_a_folder_without_a_docstore_points_to_the_qdrant_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llama_jev import label_sheet
+
+    records = write_jsonl(tmp_path / "records.jsonl", sheet_records())
+    (tmp_path / "not-a-storage").mkdir()
+    code = label_sheet.main(
+        ["--records", str(records), "--persist-dir", str(tmp_path / "not-a-storage"), "--out", str(tmp_path / "s.csv")]
+    )
+    assert code == 2
+    assert "--qdrant-path" in capsys.readouterr().err

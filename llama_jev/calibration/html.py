@@ -164,7 +164,7 @@ def _reliability_svg(report: CalibrationReport) -> str:
         [
             ("perfectly calibrated", _GREY, "6 4"),
             ("share relevant per bin", _BLUE, "band"),
-            ("mean p in the bin", _ORANGE, "dot"),
+            ("share relevant, at the bin's mean p", _ORANGE, "dot"),
         ]
     )
     return plot.svg("Reliability diagram")

@@ -8,6 +8,11 @@ answer (``hard_negative``, label 0) and two answers to other domains' queries
 (``easy_negative``, label 0). ``split`` is ``heldout`` for every pair of a query whose
 sha256(query_id) has a first byte divisible by 3 (25 queries, 150 pairs), ``train`` otherwise:
 split by query, never by pair.
+
+``data/relevance/generic_extra.jsonl`` (same fields, same ``split`` per query, not used by the fit)
+holds 144 harder pairs for the same 72 queries: a generic on-topic statement that does not answer
+(``hard_negative``: "X is important / popular", a definition, a marketing line) and one more
+low-overlap paraphrase of the answer. Read it with ``load_pairs(PAIRS.parent / "generic_extra.jsonl")``.
 """
 
 from __future__ import annotations

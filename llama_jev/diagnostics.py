@@ -23,7 +23,6 @@ __all__ = [
     "explaining_denial",
     "malformed_values",
     "missing_everywhere",
-    "reset_warnings",
     "warn_keys_absent",
     "warn_malformed",
 ]
@@ -32,28 +31,20 @@ __all__ = [
 # whatever it filters on); ``extra["jev_cause"]`` tells these apart.
 logger = logging.getLogger("llama_jev")
 
-_WARNED: set[tuple[str, ...]] = set()
 _LOCK = threading.Lock()
 _MAX_KEYS_SHOWN = 20
 # Keys LlamaIndex itself adds to stored metadata: naming them would only hide the user's keys.
 _INTERNAL_KEYS = frozenset({"doc_id", "document_id", "ref_doc_id"})
 
 
-def reset_warnings() -> None:
-    """Forget which process-wide warnings were given (those logged without a ``seen`` set)."""
-    with _LOCK:
-        _WARNED.clear()
-
-
-def _warn_once(cause: tuple[str, ...], message: str, *args: object, seen: set[tuple[str, ...]] | None = None) -> None:
+def _warn_once(cause: tuple[str, ...], message: str, *args: object, seen: set[tuple[str, ...]]) -> None:
     # Once per cause *per owner* (the retriever or postprocessor passing ``seen``): a process-wide
     # set would stay silent for every later retriever with the same mistake, such as a new one
     # built with a corrected tenant but the same misspelled key.
-    warned = _WARNED if seen is None else seen
     with _LOCK:
-        if cause in warned:
+        if cause in seen:
             return
-        warned.add(cause)
+        seen.add(cause)
     logger.warning(message, *args, extra={"jev_cause": cause})
 
 
@@ -82,7 +73,7 @@ def explaining_denial(acl: MetadataAcl, absent: Iterable[str]) -> tuple[str, ...
 
 
 def warn_keys_absent(
-    missing: Sequence[str], where: str, present: Iterable[str] = (), *, seen: set[tuple[str, ...]] | None = None
+    missing: Sequence[str], where: str, present: Iterable[str] = (), *, seen: set[tuple[str, ...]]
 ) -> None:
     """Log, once per key set (per ``seen``), that no node in ``where`` holds ``missing``, so the ACL denies them all."""
     shown = sorted({key for key in present if not key.startswith("_") and key not in _INTERNAL_KEYS})[:_MAX_KEYS_SHOWN]
@@ -133,7 +124,7 @@ def malformed_values(acl: MetadataAcl, metadata: Mapping[str, Any]) -> list[tupl
 
 
 def warn_malformed(
-    acl: MetadataAcl, metadatas: Iterable[Mapping[str, Any]], *, seen: set[tuple[str, ...]] | None = None
+    acl: MetadataAcl, metadatas: Iterable[Mapping[str, Any]], *, seen: set[tuple[str, ...]]
 ) -> None:
     """Log, once per key and value type (per ``seen``), ACL values that deny or fail to grant.
 
@@ -169,12 +160,12 @@ def diagnose_denials(
     metadatas: Sequence[Mapping[str, Any]],
     authorized: int,
     *,
-    seen: set[tuple[str, ...]] | None = None,
+    seen: set[tuple[str, ...]],
 ) -> None:
     """Warn when ``acl`` denies for a configuration reason: no tenant, or keys absent from every node.
 
     ``metadatas`` are the retrieved nodes' metadata; ``authorized`` how many the ACL let through;
-    ``seen`` the caller's record of warnings already given (``None``: process-wide).
+    ``seen`` the caller's record of warnings already given.
     """
     if len(metadatas) > authorized:
         warn_malformed(acl, metadatas, seen=seen)

@@ -42,7 +42,6 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
-from llama_jev.diagnostics import reset_warnings
 from llama_jev.local import LocalRelevanceJudge
 from llama_jev.testing import Fault, SystemOneTestServer
 
@@ -53,14 +52,6 @@ from .test_integration_llamaindex import EventCollector, FixedRetriever, scripte
 
 QUERY = "What are the refund conditions?"
 WRONG_KEY = "sk-wrong-0b1d3e5f-secret"
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings() -> Iterator[None]:
-    """Each once-only warning is given again in every test."""
-    reset_warnings()
-    yield
-    reset_warnings()
 
 
 @pytest.fixture

@@ -42,9 +42,10 @@ from pydantic import ValidationError
 
 from llama_jev.errors import JevBadRequestError, JevTimeoutError
 from llama_jev.judge import AnswerFunction, Judge, ScriptedValue, answer_request
+from llama_jev.toy_embedding import HashEmbedding
 from llama_jev.wire import ChoiceQuestion, Instructions, ScoreQuestion, SystemOneRequest, SystemOneResult
 
-__all__ = ["Fault", "RecordedRequest", "SystemOneTestServer"]
+__all__ = ["Fault", "HashEmbedding", "RecordedRequest", "SystemOneTestServer"]
 
 SYSTEM_ONE_PATH = "/v1/systemone"
 MODELS_PATH = "/v1/models"

@@ -127,9 +127,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     started = time.perf_counter()
+    from llama_jev.engine.selector import RELEVANCE_QUESTION
     from llama_jev.local import CosineSimilarityJudge, LocalRelevanceJudge, MiniLMEncoder
-    from llama_jev.selector import RELEVANCE_QUESTION
-    from llama_jev.wire import NoulQuestion, SystemOneRequest
+    from llama_jev.systemone.wire import NoulQuestion, SystemOneRequest
 
     import_ms = (time.perf_counter() - started) * 1000
 

@@ -50,7 +50,7 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
-from llama_jev.toy_embedding import HashEmbedding
+from llama_jev.testing import HashEmbedding
 
 QUERY = "What are the refund conditions for opened items?"
 TOPICS = ("refund", "shipping", "warranty", "invoice", "account", "holiday", "voucher", "delivery")

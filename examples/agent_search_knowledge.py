@@ -60,9 +60,9 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
-from llama_jev.client import DEFAULT_BASE_URL
+from llama_jev.retrieval.tool import TOOL_NAME
 from llama_jev.review import REVISION_PROMPT
-from llama_jev.tool import TOOL_NAME
+from llama_jev.systemone.client import DEFAULT_BASE_URL
 
 SYSTEM_PROMPT = (
     "You answer customer questions from the knowledge base only. Call search_knowledge first. If it "

@@ -4,12 +4,11 @@ Upstream recall -> ACL over node metadata -> one independent System One (Jev) ye
 per authorized candidate -> order by probability -> limit. See ``README.md`` for the tour.
 """
 
-from llama_jev.acl import Acl, MetadataAcl, check_acl
-from llama_jev.audit import JsonlObserver
+from llama_jev.acl.rules import Acl, MetadataAcl, check_acl
 from llama_jev.calibration import CalibratedJudge, CalibrationReport, calibrate
-from llama_jev.client import JevClient, RetryPolicy
-from llama_jev.context import RuntimeContext, current_runtime_context, resolve_runtime_context, runtime_context
-from llama_jev.errors import (
+from llama_jev.core.audit import JsonlObserver
+from llama_jev.core.context import RuntimeContext, current_runtime_context, resolve_runtime_context, runtime_context
+from llama_jev.core.errors import (
     CandidateTooLargeError,
     EvidenceTooLargeError,
     JevAPIError,
@@ -31,20 +30,27 @@ from llama_jev.errors import (
     RetrievalUnavailableError,
     UnencodableTextError,
 )
-from llama_jev.evaluation import JevGroundingEvaluator
-from llama_jev.evidence import EvidenceCollector, collect_evidence
-from llama_jev.execution import Decision, DecisionRecord, ExecutionOptions, Mode, Observer, Reason, Selection, Status
-from llama_jev.governor import Governor, GovernorStats
-from llama_jev.judge import AnswerFunction, Judge, ScriptedJudge
-from llama_jev.pipeline import PROBABILITY_KEY, JevDecisionEvent
-from llama_jev.postprocessor import JevNodePostprocessor
-from llama_jev.retriever import JevRetriever
-from llama_jev.review import GROUNDED_QUESTION, DraftReviewer, ReviewOutcome, ReviewStatus, WithheldReason
-from llama_jev.review_agent import JevReviewedAgent
-from llama_jev.reviewed_engine import JevReviewedQueryEngine
-from llama_jev.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
-from llama_jev.tool import JevKnowledgeTool
-from llama_jev.wire import (
+from llama_jev.core.records import Decision, DecisionRecord, ExecutionOptions, Mode, Observer, Reason, Selection, Status
+from llama_jev.engine.pipeline import PROBABILITY_KEY, JevDecisionEvent
+from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
+from llama_jev.retrieval.evidence import EvidenceCollector, collect_evidence
+from llama_jev.retrieval.postprocessor import JevNodePostprocessor
+from llama_jev.retrieval.retriever import JevRetriever
+from llama_jev.retrieval.tool import JevKnowledgeTool
+from llama_jev.review import (
+    GROUNDED_QUESTION,
+    DraftReviewer,
+    JevGroundingEvaluator,
+    JevReviewedAgent,
+    JevReviewedQueryEngine,
+    ReviewOutcome,
+    ReviewStatus,
+    WithheldReason,
+)
+from llama_jev.systemone.client import JevClient, RetryPolicy
+from llama_jev.systemone.governor import Governor, GovernorStats
+from llama_jev.systemone.judge import AnswerFunction, Judge, ScriptedJudge
+from llama_jev.systemone.wire import (
     ChoiceAnswer,
     ChoiceQuestion,
     NoulAnswer,

@@ -23,7 +23,7 @@ from llama_jev.calibration.analysis import calibrate
 from llama_jev.calibration.records import CalibrationInputError, InsufficientLabelsError
 from llama_jev.calibration.report import CalibrationReport
 from llama_jev.calibration.statistics import format_threshold
-from llama_jev.execution import QUERY_KEY_SECRET_ENVIRONMENT
+from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT
 
 __all__ = ["main"]
 

@@ -26,12 +26,13 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from llama_jev.errors import JevBadRequestError
-from llama_jev.judge import Judge, answer_request
+from llama_jev.core.errors import JevBadRequestError
+from llama_jev.systemone.judge import Judge, answer_request
+from llama_jev.systemone.wire import Answer, SystemOneRequest, SystemOneResult, Usage, check_result
 
 # The test server's own default answers: one rule for "maximally uncertain" in the package.
-from llama_jev.testing import SystemOneTestServer, _uniform_answers
-from llama_jev.wire import Answer, SystemOneRequest, SystemOneResult, Usage, check_result
+from llama_jev.testing import SystemOneTestServer
+from llama_jev.testing.faults import _uniform_answers
 
 __all__ = ["UncertainElsewhere", "main"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from llama_jev import DecisionRecord, Mode, Reason, Status
-from llama_jev.execution import query_key
+from llama_jev.core.records import query_key
 
 __all__ = ["SECRET", "overconfident_log", "record", "write_jsonl"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llama_jev.toy_embedding import HashEmbedding
+from llama_jev.testing import HashEmbedding
 
 __all__ = ["HashEmbedding", "eventually", "marked", "marked_answer"]
 

@@ -21,8 +21,8 @@ from llama_index.vector_stores.qdrant import QdrantVectorStore
 from qdrant_client import QdrantClient
 
 from llama_jev.acl import Acl, MetadataAcl, check_acl
-from llama_jev.context import RuntimeContext
-from llama_jev.toy_embedding import HashEmbedding
+from llama_jev.core.context import RuntimeContext
+from llama_jev.testing import HashEmbedding
 
 # --- helpers -----------------------------------------------------------------------------------
 

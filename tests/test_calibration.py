@@ -42,7 +42,7 @@ from llama_jev.calibration.statistics import (
     sweep_accept,
     sweep_reject,
 )
-from llama_jev.execution import QUERY_KEY_SECRET_ENVIRONMENT, query_key
+from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT, query_key
 
 from .calibration_support import SECRET, overconfident_log, record, write_jsonl
 from .support import marked, marked_answer

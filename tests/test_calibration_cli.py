@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from llama_jev.calibrate import main
-from llama_jev.execution import QUERY_KEY_SECRET_ENVIRONMENT
+from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT
 
 from .calibration_support import SECRET, overconfident_log, record, write_jsonl
 

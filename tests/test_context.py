@@ -11,13 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from pydantic import ValidationError
 
-from llama_jev.context import (
+from llama_jev.core.context import (
     RuntimeContext,
     current_runtime_context,
     resolve_runtime_context,
     runtime_context,
 )
-from llama_jev.errors import MissingRuntimeContextError
+from llama_jev.core.errors import MissingRuntimeContextError
 
 # --- the model ---------------------------------------------------------------------------------
 

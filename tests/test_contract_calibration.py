@@ -35,8 +35,8 @@ from llama_jev.calibration import (
     calibrate,
     collect,
 )
-from llama_jev.judge import RELEVANCE_QUESTION
-from llama_jev.selector import Candidate
+from llama_jev.engine.selector import Candidate
+from llama_jev.systemone.judge import RELEVANCE_QUESTION
 from llama_jev.testing import SystemOneTestServer
 
 from .calibration_support import overconfident_log, write_jsonl

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import httpx
 import pytest
 
-import llama_jev.local
+import llama_jev.local.weights
 from llama_jev import (
     RELEVANCE_QUESTION,
     Candidate,
@@ -46,8 +46,8 @@ def test_a_judge_just_constructed_needs_no_model_loading_in_its_first_judgement(
     def no_loading(*args: Any, **kwargs: Any) -> NoReturn:
         raise AssertionError("a model was loaded during a judgement")
 
-    monkeypatch.setattr(llama_jev.local, "_session", no_loading)
-    monkeypatch.setattr(llama_jev.local, "_tokenizer", no_loading)
+    monkeypatch.setattr(llama_jev.local.weights, "_session", no_loading)
+    monkeypatch.setattr(llama_jev.local.weights, "_tokenizer", no_loading)
     selector = CandidateSelector(judge, ExecutionOptions(mode=Mode.ENFORCE))
 
     decision = selector.select(

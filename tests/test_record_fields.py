@@ -16,7 +16,7 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
-from llama_jev.execution import QUERY_KEY_SECRET_ENVIRONMENT, normalize_query, query_key
+from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT, normalize_query, query_key
 
 from .corpus import ACL, ALICE, NOBODY, memory_index
 from .support import marked_answer

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from llama_jev.systemone.wire import ChoiceQuestion, NoulQuestion, SystemOneRequest, SystemOneResult, check_result
 from llama_jev.testing import Fault, SystemOneTestServer
-from llama_jev.wire import ChoiceQuestion, NoulQuestion, SystemOneRequest, SystemOneResult, check_result
 
 
 @pytest.fixture

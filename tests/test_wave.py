@@ -25,10 +25,10 @@ from llama_jev import (
     SystemOneRequest,
     SystemOneResult,
 )
-from llama_jev.pipeline import PROBABILITY_KEY, with_probability
-from llama_jev.selector import estimate_tokens, even_out, plan_batches
+from llama_jev.engine.pipeline import PROBABILITY_KEY, with_probability
+from llama_jev.engine.selector import estimate_tokens, even_out, plan_batches
+from llama_jev.systemone.wire import check_result
 from llama_jev.testing import SystemOneTestServer
-from llama_jev.wire import check_result
 
 from .support import marked_answer
 
@@ -119,7 +119,8 @@ def test_evening_out_never_breaks_a_limit() -> None:
 
 def test_the_test_server_refuses_requests_beyond_its_in_flight_limit() -> None:
     body = {"state": "q", "questions": {"item_0": {"type": "noul", "instructions": "x"}}}
-    with SystemOneTestServer(latency=0.3, in_flight_limit=2, limit_retry_after=0.25) as server:
+    # Long enough that all four requests overlap even on a loaded machine.
+    with SystemOneTestServer(latency=1.5, in_flight_limit=2, limit_retry_after=0.25) as server:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             responses = list(pool.map(lambda _: httpx.post(server.url, json=body, timeout=5), range(4)))
         statuses = sorted(response.status_code for response in responses)

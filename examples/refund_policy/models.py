@@ -25,8 +25,8 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
 from llama_jev import JevClient, Judge, ScriptedJudge
-from llama_jev.client import DEFAULT_BASE_URL
-from llama_jev.toy_embedding import HashEmbedding
+from llama_jev.systemone.client import DEFAULT_BASE_URL
+from llama_jev.testing import HashEmbedding
 
 _WORD = re.compile(r"[a-z0-9]+")
 # Words that say nothing about the topic, left out of the keyword rule and the toy embedding.

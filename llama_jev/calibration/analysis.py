@@ -42,7 +42,7 @@ from llama_jev.calibration.statistics import (
     sweep_accept,
     sweep_reject,
 )
-from llama_jev.execution import Status
+from llama_jev.core.records import Status
 
 __all__ = ["MIN_LABELS", "MIN_PER_CLASS", "calibrate"]
 

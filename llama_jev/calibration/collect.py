@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llama_jev.context import RuntimeContext, runtime_context
-from llama_jev.execution import DecisionRecord, Mode, Observer
-from llama_jev.retriever import JevRetriever
-from llama_jev.selector import CandidateSelector
+from llama_jev.core.context import RuntimeContext, runtime_context
+from llama_jev.core.records import DecisionRecord, Mode, Observer
+from llama_jev.engine.selector import CandidateSelector
+from llama_jev.retrieval.retriever import JevRetriever
 
 __all__ = ["Collected", "GoldenQuery", "acollect", "collect"]
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from llama_jev.calibration.statistics import format_threshold
 
 if TYPE_CHECKING:
-    from llama_jev.calibration.report import CalibrationReport, EnforceReplay
+    from llama_jev.calibration.results import CalibrationFindings, EnforceReplay
 
 __all__ = ["render_report"]
 
@@ -143,7 +143,7 @@ class _Plot:
         )
 
 
-def _reliability_svg(report: CalibrationReport) -> str:
+def _reliability_svg(report: CalibrationFindings) -> str:
     plot = _Plot("judge's probability p", "observed share relevant")
     most = max((row.count for row in report.reliability), default=1) or 1
     for row in report.reliability:
@@ -170,7 +170,7 @@ def _reliability_svg(report: CalibrationReport) -> str:
     return plot.svg("Reliability diagram")
 
 
-def _precision_svg(report: CalibrationReport) -> str:
+def _precision_svg(report: CalibrationFindings) -> str:
     plot = _Plot("accept threshold (select p ≥ threshold)", "share")
     rows = report.thresholds
     plot.band([(row.accept, row.precision) for row in rows], [(row.accept, row.precision_lower) for row in rows], _BLUE)
@@ -194,7 +194,7 @@ def _precision_svg(report: CalibrationReport) -> str:
     return plot.svg("Precision and coverage by accept threshold")
 
 
-def _npv_svg(report: CalibrationReport) -> str:
+def _npv_svg(report: CalibrationFindings) -> str:
     plot = _Plot("reject threshold (reject p ≤ threshold)", "share")
     rows = report.reject_thresholds
     plot.band([(row.reject, row.npv) for row in rows], [(row.reject, row.npv_lower) for row in rows], _BLUE)
@@ -240,7 +240,7 @@ def _replay_row(name: str, replay: EnforceReplay | None) -> str:
     return f"<tr><td>{escape(name)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
-def _verdict(report: CalibrationReport) -> str:
+def _verdict(report: CalibrationFindings) -> str:
     if report.recommended is None:
         return (
             '<div class="verdict no"><div class="big">No thresholds recommended: keep SHADOW</div>'
@@ -268,7 +268,7 @@ def _verdict(report: CalibrationReport) -> str:
     )
 
 
-def _cautions(report: CalibrationReport) -> str:
+def _cautions(report: CalibrationFindings) -> str:
     """What someone switching ENFORCE on should know beyond the two numbers."""
     notes = []
     held, replay = report.holdout, report.enforce
@@ -299,7 +299,7 @@ def _cautions(report: CalibrationReport) -> str:
     return "<ul>" + "".join(f"<li>{escape(note)}</li>" for note in notes) + "</ul>"
 
 
-def _holdout_section(report: CalibrationReport) -> str:
+def _holdout_section(report: CalibrationFindings) -> str:
     held = report.holdout
     if held is None:
         return ""
@@ -322,7 +322,7 @@ def _holdout_section(report: CalibrationReport) -> str:
     )
 
 
-def _enforce_section(report: CalibrationReport) -> str:
+def _enforce_section(report: CalibrationFindings) -> str:
     rows = []
     if report.holdout is not None:
         rows.append(_replay_row("held-out retrievals, recommended", report.holdout.enforce))
@@ -338,7 +338,7 @@ def _enforce_section(report: CalibrationReport) -> str:
     )
 
 
-def _sweep_table(report: CalibrationReport) -> str:
+def _sweep_table(report: CalibrationFindings) -> str:
     rows = []
     chosen = report.recommended.accept if report.recommended else None
     shown = [row for row in report.thresholds if row.accept == chosen or _every_five_hundredths(row.accept)]
@@ -362,7 +362,7 @@ def _every_five_hundredths(threshold: float) -> bool:
     return hundredths % 5 == 0 and math.isclose(threshold * 100, hundredths)
 
 
-def _data_section(report: CalibrationReport) -> str:
+def _data_section(report: CalibrationFindings) -> str:
     log = report.log
     items = [
         f"{report.labels} joined labels ({report.relevant} relevant, {report.irrelevant} irrelevant): "
@@ -388,7 +388,7 @@ def _data_section(report: CalibrationReport) -> str:
     return "<h2>The data</h2><ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>"
 
 
-def _mapping_section(report: CalibrationReport) -> str:
+def _mapping_section(report: CalibrationFindings) -> str:
     if not report.mapping:
         return ""
     held = report.mapping_holdout
@@ -408,7 +408,7 @@ def _mapping_section(report: CalibrationReport) -> str:
     )
 
 
-def render_report(report: CalibrationReport) -> str:
+def render_report(report: CalibrationFindings) -> str:
     """The HTML page for ``report``."""
     figures = (
         '<div class="grid">'

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Protocol, runtime_checkable
 
-from llama_jev.judge import Judge
-from llama_jev.wire import Answer, NoulAnswer, SystemOneRequest, SystemOneResult, check_result
+from llama_jev.systemone.judge import Judge
+from llama_jev.systemone.wire import Answer, NoulAnswer, SystemOneRequest, SystemOneResult, check_result
 
 __all__ = [
     "CalibratedJudge",

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llama_jev.errors import JevError
-from llama_jev.execution import QUERY_KEY_SECRET_ENVIRONMENT, DecisionRecord, Status, query_key
+from llama_jev.core.errors import JevError
+from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT, DecisionRecord, Status, query_key
 
 __all__ = [
     "CalibrationInputError",

@@ -22,7 +22,7 @@ from llama_index.core.storage.docstore.types import BaseDocumentStore
 from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
 from llama_jev.calibration.records import RecordsInput, load_records, select_records
-from llama_jev.execution import Status
+from llama_jev.core.records import Status
 
 __all__ = ["SHEET_COLUMNS", "LabelSheet", "TextSource", "fetch_texts", "write_label_sheet"]
 

@@ -15,7 +15,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from llama_jev.execution import Status
+from llama_jev.core.records import Status
 
 __all__ = [
     "GRID",

@@ -1,0 +1,285 @@
+"""The one implementation of a judged retrieval: ACL, judgement, mode logic, ordering, limit.
+
+``JevRetriever``, ``JevNodePostprocessor`` and ``JevKnowledgeTool`` all call :class:`JudgedRetrieval`;
+its sync and async paths share every step except the judge call itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.schema import NodeWithScore
+from llama_index_instrumentation import get_dispatcher
+
+from llama_jev.acl.diagnostics import diagnose_denials
+from llama_jev.acl.rules import Acl, MetadataAcl, check_acl
+from llama_jev.core.context import RuntimeContext
+from llama_jev.core.errors import JevAPIError, RetrievalInconclusiveError, RetrievalUnavailableError
+from llama_jev.core.records import Decision, DecisionRecord, Mode, Reason, Status
+from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
+
+__all__ = [
+    "PROBABILITY_KEY",
+    "JudgeFailure",
+    "JevDecisionEvent",
+    "JudgedRetrieval",
+    "authorize",
+    "check_query",
+    "describe_failure",
+    "to_candidates",
+    "with_probability",
+]
+
+PROBABILITY_KEY = "jev_probability"
+
+dispatcher = get_dispatcher(__name__)
+logger = logging.getLogger(__name__)
+# The contract names the logger of a SHADOW judge failure: exactly "llama_jev", so a handler or a
+# test that listens there (not to a submodule) sees it.
+shadow_failure_logger = logging.getLogger("llama_jev")
+
+
+class JevDecisionEvent(BaseEvent):
+    """Instrumentation event carrying the :class:`DecisionRecord` of one judged retrieval."""
+
+    record: DecisionRecord
+
+    @classmethod
+    def class_name(cls) -> str:
+        """The event's name in LlamaIndex instrumentation."""
+        return "JevDecisionEvent"
+
+
+def authorize(nodes: Sequence[NodeWithScore], ctx: RuntimeContext, acl: Acl) -> list[NodeWithScore]:
+    """The nodes ``ctx`` may read, in their order. An ACL that raises fails the whole retrieval."""
+    return [node for node in nodes if check_acl(acl, ctx, node.node)]
+
+
+def to_candidates(nodes: Sequence[NodeWithScore]) -> list[Candidate]:
+    """What the judge sees of each node: its id and its content, without any metadata."""
+    return [Candidate(id=node.node.node_id, text=node.node.get_content()) for node in nodes]
+
+
+def with_probability(node: NodeWithScore, probability: float) -> NodeWithScore:
+    """A copy of ``node`` carrying ``metadata["jev_probability"]``, hidden from LLM and embeddings.
+
+    The upstream node (often a docstore object shared across queries and users) is not touched:
+    ``model_copy`` shares the metadata dict and the exclusion lists, so new ones are given to the
+    copy. They are set through ``update`` rather than validated assignments: the values are a
+    fresh dict and fresh lists of the same types the node already validated, and three
+    validated assignments per node cost more than the rest of the judgement's client CPU.
+    """
+    source = node.node
+    copy = source.model_copy(
+        update={
+            "metadata": {**source.metadata, PROBABILITY_KEY: probability},
+            "excluded_llm_metadata_keys": _with_key(source.excluded_llm_metadata_keys),
+            "excluded_embed_metadata_keys": _with_key(source.excluded_embed_metadata_keys),
+        }
+    )
+    return NodeWithScore(node=copy, score=node.score)
+
+
+def _with_key(keys: list[str]) -> list[str]:
+    return list(keys) if PROBABILITY_KEY in keys else [*keys, PROBABILITY_KEY]
+
+
+class JudgedRetrieval:
+    """ACL -> independent judgements -> order by probability -> limit, for one selector and ACL."""
+
+    def __init__(self, selector: CandidateSelector, acl: Acl, *, question: str = RELEVANCE_QUESTION) -> None:
+        if not isinstance(selector, CandidateSelector):
+            raise TypeError("selector must be a CandidateSelector")
+        if not callable(acl):
+            raise TypeError("acl must be callable as acl(ctx, node) -> bool (for example a MetadataAcl)")
+        if not question.strip():
+            raise ValueError("question must not be blank")
+        self.selector = selector
+        self.acl = acl
+        self.question = question
+        # The ACL misconfiguration warnings already given by this retrieval (each once, not per query).
+        self.warned: set[tuple[str, ...]] = set()
+
+    @property
+    def mode(self) -> Mode:
+        """The selector's mode."""
+        return self.selector.mode
+
+    def run(
+        self, query: str, nodes: Sequence[NodeWithScore], ctx: RuntimeContext, limit: int | None
+    ) -> list[NodeWithScore]:
+        """Apply the ACL and, unless the mode is OFF, the judgement; return at most ``limit`` nodes."""
+        check_query(query)
+        authorized = self._authorize(nodes, ctx)
+        if self.mode is Mode.OFF:
+            return _limit(authorized, limit)
+        decision = self.selector.select(
+            query, self.question, to_candidates(authorized), ctx=ctx, **_counts(nodes, authorized)
+        )
+        return self._apply(authorized, decision, limit)
+
+    async def arun(
+        self, query: str, nodes: Sequence[NodeWithScore], ctx: RuntimeContext, limit: int | None
+    ) -> list[NodeWithScore]:
+        """The async twin of :meth:`run`."""
+        check_query(query)
+        authorized = self._authorize(nodes, ctx)
+        if self.mode is Mode.OFF:
+            return _limit(authorized, limit)
+        decision = await self.selector.aselect(
+            query, self.question, to_candidates(authorized), ctx=ctx, **_counts(nodes, authorized)
+        )
+        return self._apply(authorized, decision, limit)
+
+    def _authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
+        authorized = authorize(nodes, ctx, self.acl)
+        if isinstance(self.acl, MetadataAcl):
+            diagnose_denials(self.acl, ctx, [node.node.metadata for node in nodes], len(authorized), seen=self.warned)
+        return authorized
+
+    def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:
+        if decision.record is not None:
+            dispatcher.event(JevDecisionEvent(record=decision.record))
+        if decision.status is Status.ERROR:
+            failure = describe_failure(decision)
+            if self.mode is Mode.SHADOW:
+                # SHADOW serves as if OFF; without this line a judge failing on every call (a
+                # wrong key) would leave only error records and nobody would notice.
+                shadow_failure_logger.warning(
+                    "SHADOW judgement failed (decision %s): %s; the nodes were served unjudged",
+                    decision.record.decision_id if decision.record else "-",
+                    failure.summary,
+                    extra={
+                        "jev_reason": failure.reason,
+                        "jev_error_type": failure.error_type,
+                        "jev_status_code": failure.status_code,
+                        "jev_retryable": failure.retryable,
+                    },
+                )
+                return _limit(authorized, limit)
+            raise RetrievalUnavailableError(
+                failure.message(),
+                reason=failure.reason,
+                status_code=failure.status_code,
+                retryable=failure.retryable,
+                error_type=failure.error_type,
+            ) from decision.error
+        if self.mode is Mode.SHADOW:
+            return _limit(authorized, limit)
+        selection = decision.selection
+        if selection is None:  # only ERROR, CANCELLED and MODE_OFF lack one; none gets here
+            return []
+        if decision.status is Status.INCONCLUSIVE:
+            raise RetrievalInconclusiveError(
+                # The whole message reaches an agent's model as the tool error: say what to do too.
+                f"no passage was clearly relevant and {len(selection.uncertain)} were uncertain; this is "
+                "not an empty result, the knowledge base may hold the answer but the judge could not "
+                "confirm it, so do not answer from it. Retrying the same query is unlikely to help; a "
+                "more specific one may.",
+                uncertain=selection.uncertain,
+            )
+        by_id = {node.node.node_id: node for node in authorized}
+        chosen = [with_probability(by_id[node_id], selection.scores[node_id]) for node_id in selection.selected]
+        return _limit(chosen, limit)
+
+
+def check_query(query: str) -> None:
+    """Refuse a blank query before anything is retrieved or sent: there is nothing to judge against.
+
+    Raises:
+        ValueError: ``query`` is not a string, or is empty or whitespace only.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError("the query must be a non-blank string: a blank query cannot be judged for relevance")
+
+
+@dataclass(frozen=True)
+class JudgeFailure:
+    """What a failed judgement can tell a user, without any text: the facts of the error."""
+
+    reason: str
+    error_type: str
+    status_code: int | None
+    retryable: bool
+
+    @property
+    def summary(self) -> str:
+        """``reason, error class, HTTP status, retryable`` in one phrase (for logs)."""
+        status = f"HTTP {self.status_code}" if self.status_code is not None else "no HTTP status"
+        hint = "retryable" if self.retryable else "not retryable"
+        return f"{self.reason}, {self.error_type}, {status}, {hint}"
+
+    def message(self) -> str:
+        """The message of :class:`RetrievalUnavailableError`: what failed, whether to retry, what to do."""
+        status = f"HTTP {self.status_code}" if self.status_code is not None else "no HTTP status"
+        what = _HEADLINES.get(self.reason, "the relevance judge failed")
+        return (
+            f"{what} ({self.reason}: {self.error_type}, {status}); this is not an empty result, the "
+            f"knowledge base was not searched to a conclusion. {self._advice()}"
+        )
+
+    def _advice(self) -> str:
+        if self.reason == "CANDIDATE_TOO_LARGE":
+            return "Retrying will not help: split the documents into smaller nodes."
+        if self.reason == "QUERY_TOO_LARGE":
+            return "Retrying will not help: shorten the query."
+        if self.reason == "UNENCODABLE_TEXT":
+            return "Retrying will not help: repair the lone surrogate where the text is decoded or ingested."
+        if self.retryable:
+            return "Retrying later may help (the judge timed out, was rate limited, overloaded or unreachable)."
+        return f"Retrying will not help: {_not_retryable_advice(self.status_code)}"
+
+
+_HEADLINES = {
+    "CANDIDATE_TOO_LARGE": "a candidate is too large to judge in one request",
+    "QUERY_TOO_LARGE": "the query is too large to judge in one request",
+    "UNENCODABLE_TEXT": "the query or a candidate holds text that cannot be encoded",
+}
+
+
+def _not_retryable_advice(status: int | None) -> str:
+    if status in (401, 403):
+        return "the judge refused the API key; check TYPESAFE_API_KEY (or api_key=) and its permissions."
+    if status == 404:
+        return "the judge's endpoint or model was not found; check base_url and model."
+    if status in (400, 422):
+        return "the judge rejected the request; check the selector's configuration (question, request size)."
+    return "the judge could not answer this request; check its configuration (or the server's answers)."
+
+
+def describe_failure(decision: Decision) -> JudgeFailure:
+    """The facts of an ``ERROR`` decision: reason, error class, HTTP status, whether retrying can help.
+
+    Only a timeout (of the budget or an attempt) and errors the client marks retryable (408, 429,
+    529, 5xx, connection failures) count as retryable; a wrong key, a rejected request, an
+    invalid answer, data the judge cannot take or an unknown error do not.
+
+    Example:
+        >>> from llama_jev import Reason
+        >>> describe_failure(Decision(Status.ERROR, Reason.TIMEOUT, error=TimeoutError())).retryable
+        True
+    """
+    error = decision.error
+    status_code = error.status_code if isinstance(error, JevAPIError) else None
+    if isinstance(error, JevAPIError):
+        retryable = error.retryable or decision.reason is Reason.TIMEOUT
+    else:
+        retryable = isinstance(error, TimeoutError)
+    return JudgeFailure(
+        reason=decision.reason.value,
+        error_type=type(error).__name__ if error is not None else "unknown error",
+        status_code=status_code,
+        retryable=retryable,
+    )
+
+
+def _counts(nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore]) -> dict[str, int]:
+    """What the record says the retrieval did before the judge: retrieved, and denied by the ACL."""
+    return {"retrieved": len(nodes), "denied": len(nodes) - len(authorized)}
+
+
+def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:
+    return nodes if limit is None else nodes[:limit]

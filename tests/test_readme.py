@@ -106,16 +106,19 @@ def _run_bash(block: Block, cwd: Path) -> str:
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"  # examples.* as from the clone
     done = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", block.code],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, (block.name, done.returncode, done.stdout[-2000:], done.stderr[-2000:])
     return done.stdout
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
-def test_page_blocks_run_and_print_what_they_say(
-    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_page_blocks_run_and_print_what_they_say(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for variable in _SERVICE_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.chdir(tmp_path)
@@ -126,7 +129,8 @@ def test_page_blocks_run_and_print_what_they_say(
         if block.not_run is not None:
             assert block.not_run, f"{block.name}: a not-run block must say why"
             continue
-        printed = (_run_python(block, namespace) if block.language == "python" else _run_bash(block, tmp_path)).splitlines()
+        run = _run_python(block, namespace) if block.language == "python" else _run_bash(block, tmp_path)
+        printed = run.splitlines()
         expected = expected_output(block.code)
         assert len(printed) == len(expected), (block.name, printed)
         for want, got in zip(expected, printed, strict=True):

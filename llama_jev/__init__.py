@@ -1,7 +1,8 @@
 """llama_jev: access control and calibrated relevance judgement after any LlamaIndex retrieval.
 
 Upstream recall -> ACL over node metadata -> one independent System One (Jev) yes/no judgement
-per authorized candidate -> order by probability -> limit. See ``README.md`` for the tour.
+per authorized candidate -> order by probability -> limit. See ``README.md`` for the tour and
+``docs/`` for the reference.
 """
 
 from llama_jev.acl.rules import Acl, MetadataAcl, check_acl

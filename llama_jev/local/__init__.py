@@ -14,7 +14,7 @@ package's code; the one WordPiece tokenizer the four models share ships inside l
 - :class:`LocalRelevanceJudge`, the default offline judge, combines the four with weights fitted
   on the labelled pairs the project ships, and calibrates the result with
   :mod:`llama_jev.calibration`. It is a small model, **not Jev**: see its docstring and the
-  README's "Offline" section for what it was fitted on and how well it does.
+  judge page (``docs/judge-and-local-server.md``) for what it was fitted on and how well it does.
 - :class:`CosineSimilarityJudge` is the former heuristic (a hand-set curve over the MiniLM
   cosine), kept as the baseline the benchmark compares with.
 

@@ -64,7 +64,7 @@ class LocalRelevanceJudge(_PassageJudge):
     :class:`~llama_jev.calibration.PlattMapping` (fitted with
     :func:`~llama_jev.calibration.fit_platt` on out-of-fold scores, widened where needed so that
     on the fitting data ``p >= 0.8`` keeps precision >= 0.9 and ``p <= 0.2`` keeps NPV >= 0.95;
-    the measured held-out figures are in the README). A blank passage gets ``p = 0``.
+    the measured held-out figures are in docs/judge-and-local-server.md). A blank passage gets ``p = 0``.
 
     **Long texts are windowed, never truncated**: the passage is cut into overlapping 96-token
     windows (one tokenizer, the same windows for all four models), each window gets its own

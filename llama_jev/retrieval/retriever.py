@@ -17,7 +17,7 @@ from llama_index_instrumentation import get_dispatcher
 
 from llama_jev import stores
 from llama_jev.acl.rules import Acl, MetadataAcl
-from llama_jev.core.context import RuntimeContext, bind_if_given, resolve_runtime_context
+from llama_jev.core.context import RuntimeContext, bind_if_given
 from llama_jev.core.records import Mode
 from llama_jev.engine.pipeline import JudgedRetrieval, check_query
 from llama_jev.engine.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
@@ -90,6 +90,7 @@ class JevRetriever(BaseRetriever):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
         self._judged = JudgedRetrieval(selector, acl, question=question)
         self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None
+        self._judged.pushdown = self._pushdown is not None
         self._keys_checked = False
         # Once per retriever (not per process): every retriever over a sync-only store is told.
         self._warned_sync_only = threading.Event()
@@ -182,7 +183,7 @@ class JevRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         check_query(query_bundle.query_str)
-        ctx = resolve_runtime_context(None)
+        ctx = self._judged.identity(None)
         nodes = self._upstream(ctx).retrieve(query_bundle)
         if not nodes and self._pushdown is not None and not self._keys_checked:
             self._keys_checked = True
@@ -191,7 +192,7 @@ class JevRetriever(BaseRetriever):
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         check_query(query_bundle.query_str)
-        ctx = resolve_runtime_context(None)
+        ctx = self._judged.identity(None)
         nodes = await stores.aretrieve(self._upstream(ctx), query_bundle, self._warned_sync_only)
         if not nodes and self._pushdown is not None and not self._keys_checked:
             self._keys_checked = True

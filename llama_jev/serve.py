@@ -121,8 +121,7 @@ def request_line(request: RecordedRequest) -> str:
     milliseconds = (request.finished - request.started) * 1000
     clock = datetime.now(timezone.utc).strftime("%H:%M:%SZ")
     line = (
-        f"{clock} {request.method} {route} {status} {count} candidate{'' if count == 1 else 's'} "
-        f"{milliseconds:.0f} ms"
+        f"{clock} {request.method} {route} {status} {count} candidate{'' if count == 1 else 's'} {milliseconds:.0f} ms"
     )
     return f"{line} ({request.error})" if request.error and request.status not in (200, 404) else line
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from llama_jev import DecisionRecord, RetrievalUnavailableError, Status
-from llama_jev.pipeline import JudgeFailure
+from llama_jev.engine.pipeline import JudgeFailure
 
 __all__ = ["EXIT_EVERY_JUDGEMENT_FAILED", "FailureWatch", "watching_failures"]
 

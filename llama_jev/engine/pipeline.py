@@ -105,6 +105,9 @@ class JudgedRetrieval:
         self.question = question
         # Whether the store applies the ACL before retrieval (DecisionRecord.pushdown).
         self.pushdown = pushdown
+        # Whether the whole store was asked which configured keys it lacks (then the returned
+        # nodes are not asked again; see diagnose_denials).
+        self.store_checked = False
         # The ACL misconfiguration warnings already given by this retrieval (each once, not per query).
         self.warned: set[tuple[str, ...]] = set()
 
@@ -156,7 +159,14 @@ class JudgedRetrieval:
     def _authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         authorized = authorize(nodes, ctx, self.acl)
         if isinstance(self.acl, MetadataAcl):
-            diagnose_denials(self.acl, ctx, [node.node.metadata for node in nodes], len(authorized), seen=self.warned)
+            diagnose_denials(
+                self.acl,
+                ctx,
+                [node.node.metadata for node in nodes],
+                len(authorized),
+                seen=self.warned,
+                store_checked=self.store_checked,
+            )
         return authorized
 
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:

@@ -22,6 +22,7 @@ from llama_jev.systemone.wire import SystemOneRequest
 _MAX_MESSAGE = 500
 _REDACTED = "[redacted]"
 
+
 def is_loopback(base_url: str) -> bool:
     """Whether ``base_url`` names this machine: ``localhost``, ``127.0.0.0/8`` or ``::1``.
 

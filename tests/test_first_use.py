@@ -25,6 +25,7 @@ from llama_jev import (
     JevAuthenticationError,
     JevClient,
     JevConnectionError,
+    JevKnowledgeTool,
     JevNodePostprocessor,
     JevRetriever,
     MetadataAcl,
@@ -442,3 +443,14 @@ async def test_an_unbound_identity_on_async_retrieval_gets_the_same_tenant_hint(
     )
     with pytest.raises(MissingRuntimeContextError, match=r"tenant_id=\.\.\."):
         await retriever.aretrieve(QueryBundle(QUERY))
+
+
+def test_the_knowledge_tool_without_an_identity_says_to_bind_tenant_id_when_the_acl_checks_a_tenant() -> None:
+    retriever = JevRetriever(
+        FixedRetriever([NodeWithScore(node=POLICY, score=0.5)]),
+        accepting_selector(),
+        MetadataAcl(tenant_key="tenant", public_key="public"),
+    )
+    with pytest.raises(MissingRuntimeContextError) as caught:
+        JevKnowledgeTool(retriever).search(QUERY)
+    assert "bind it (with tenant_id: this ACL checks a tenant) before run() starts" in str(caught.value)

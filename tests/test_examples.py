@@ -424,8 +424,10 @@ def test_python_m_examples_refund_policy_runs_offline_without_a_key(tmp_path: Pa
     # What the ACL removed for alice, by key and node id only, and why the modes judge different counts.
     assert "ACL: alice may read 4 of 7 documents" in alice
     assert f"{COMPENSATION.key} (node {COMPENSATION.node_id[:8]}...)" in alice
-    assert "SHADOW judges only the up to top_k=3" in alice
-    assert "ENFORCE recalls max(candidate_limit=20, top_k=3)" in alice
+    flat_alice = " ".join(alice.split())  # the record lines are wrapped too
+    assert "SHADOW judges only the up to top_k=3" in flat_alice
+    assert "ENFORCE recalls max(candidate_limit=20, top_k=3)" in flat_alice
+    assert "judged 3 of 3" in flat_alice  # what the judge answered, of what it was given
     assert "store credit" in _section(first.stdout, SAM)
 
     # The query step alone reopens what the first run built.

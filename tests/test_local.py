@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import logging
 import re
 import shutil
 import signal
@@ -604,3 +605,19 @@ def test_serve_banner_says_a_loopback_address_needs_no_key() -> None:
         r"address\); Ctrl-C stops\n",
         second,
     ), second
+
+
+def test_a_query_cut_by_the_embedding_model_is_named_as_the_query_not_a_document(
+    offline: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    embedding = LocalEmbedding(encoder=MiniLMEncoder())  # a fresh encoder: its warnings are its own
+    caplog.set_level(logging.WARNING, logger="llama_jev")
+    embedding.get_query_embedding("What are the refund conditions? " * 300)
+    embedding.get_query_embedding("What are the refund conditions? " * 300)  # once per encoder
+    embedding.get_text_embedding("Refunds within seven days. " * 300)  # a document: its own advice
+    logged = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(logged) == 2, logged
+    assert logged[0].startswith("a query of 2102 tokens was cut to the embedding model's 256-token window: only its")
+    assert "shorten the query" in logged[0]
+    assert "split documents" not in logged[0]
+    assert "split documents into smaller chunks" in logged[1]

@@ -32,6 +32,7 @@ import ast
 import asyncio
 import os
 import re
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 
 from examples.refund_policy import kb, store
+from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
 from examples.refund_policy.models import Choice, choose_embedding, choose_judge
 from examples.refund_policy.query import aopen_index, open_retriever
@@ -334,7 +336,8 @@ async def _review_demo(retriever: JevRetriever, user: kb.User, judge: Choice) ->
     _print_review(f"{user.name}, the revision still drops the conditions", stubborn, run)
 
 
-async def _run_all(storage: str | None, users: Sequence[kb.User], question: str) -> None:
+async def _run_all(storage: str | None, users: Sequence[kb.User], question: str) -> str | None:
+    """Run every user's agent and the review demo; the line saying why, when every judgement failed."""
     embedding = choose_embedding()
     judge = choose_judge(embedding.component)
     print(f"Vector store : {store.describe(store.client_options(storage))}")
@@ -344,35 +347,42 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
     with store.connect(storage) as client:
         ensure_collection(client, embedding.component)  # no-op when the collection is already built
     seen: list[tuple[str, DecisionRecord]] = []
+    every_record: list[DecisionRecord] = []
+    tool_errors: list[str] = []
 
     def observe(ctx: RuntimeContext | None, record: DecisionRecord) -> None:
         seen.append((ctx.user_id if ctx is not None else "<none>", record))
+        every_record.append(record)
 
     # Agents call tools asynchronously, so the store needs the async Qdrant client; one event loop
     # for every run, since a server client's connections belong to the loop that opened them.
-    async with store.connect_async(storage) as async_client:
-        index = await aopen_index(async_client, embedding.component)
-        retriever = open_retriever(index, Mode.ENFORCE, judge.component, observer=observe)
-        for user in users:
-            seen.clear()
-            print(f"\n=== agent run for {user.name} ({user.who}) ===")
-            print(f"User asks: {question}")
-            run = await run_agent(retriever, user, question)
-            for call in run.tool_calls:
-                keys = [kb.BY_ID[node_id].key for node_id in call.passage_ids]
-                print(f"Tool call : {call.name}({call.arguments}) -> {'ERROR' if call.is_error else keys}")
-            for user_id, record in seen:
-                print(
-                    f"Retrieval ran as: {user_id} (the bound RuntimeContext; the model passed no identity), "
-                    f"judge status {record.status.value}"
-                )
-            print(f"Agent answer:\n{run.answer}")
-        review_judge = choose_review_judge()
-        await _review_demo(retriever, users[0], review_judge)
+    with watching_failures() as failures:
+        async with store.connect_async(storage) as async_client:
+            index = await aopen_index(async_client, embedding.component)
+            retriever = open_retriever(index, Mode.ENFORCE, judge.component, observer=observe)
+            for user in users:
+                seen.clear()
+                print(f"\n=== agent run for {user.name} ({user.who}) ===")
+                print(f"User asks: {question}")
+                run = await run_agent(retriever, user, question)
+                for call in run.tool_calls:
+                    if call.is_error:
+                        tool_errors.append(call.output)
+                    keys = [kb.BY_ID[node_id].key for node_id in call.passage_ids]
+                    print(f"Tool call : {call.name}({call.arguments}) -> {'ERROR' if call.is_error else keys}")
+                for user_id, record in seen:
+                    print(
+                        f"Retrieval ran as: {user_id} (the bound RuntimeContext; the model passed no identity), "
+                        f"judge status {record.status.value}"
+                    )
+                print(f"Agent answer:\n{run.answer}")
+            review_judge = choose_review_judge()
+            await _review_demo(retriever, users[0], review_judge)
     for component in (judge.component, review_judge.component):
         close = getattr(component, "aclose", None)
         if callable(close):
             await close()
+    return failures.every_judgement_failed(every_record, tool_errors)
 
 
 @store.reports_unreachable
@@ -385,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.user or ["alice", "sam"]
     users = [kb.USER_BY_NAME[name] for name in names]
-    asyncio.run(_run_all(args.storage, users, args.question))
+    failed = asyncio.run(_run_all(args.storage, users, args.question))
+    if failed is not None:
+        print(f"\n{failed}", file=sys.stderr)
+        return EXIT_EVERY_JUDGEMENT_FAILED
     return 0
 
 

@@ -348,7 +348,10 @@ def surrogate_retriever(mode: Mode, server: SystemOneTestServer, records: list[D
     )
     fine = TextNode(id_=uid("fine"), text="[p=0.9] Refund desk hours.", metadata={"tenant": "acme", "public": "true"})
     index = VectorStoreIndex([broken, fine], embed_model=HashEmbedding())
-    return JevRetriever.from_index(index, selector(client(server), mode, records), ACL, top_k=10)
+    # The ACL these two nodes are written for (the corpus ACL's users and roles keys would be
+    # named as keys no node holds, which is not what these tests are about).
+    acl = MetadataAcl(tenant_key="tenant", public_key="public")
+    return JevRetriever.from_index(index, selector(client(server), mode, records), acl, top_k=10)
 
 
 def test_a_lone_surrogate_in_a_node_is_served_and_recorded_in_shadow(

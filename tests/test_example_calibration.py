@@ -99,3 +99,21 @@ def test_python_m_examples_refund_policy_calibrate_runs_offline(
     records = (tmp_path / "out" / "records.jsonl").read_text().splitlines()
     assert len(records) == len(GOLDEN) * len(kb.USERS)
     assert json.loads(records[0])["version"] == example.VERSION
+
+
+def test_a_golden_run_whose_every_judgement_failed_is_not_calibrated_and_says_why(index: Any, tmp_path: Path) -> None:
+    from llama_jev import JevClient, RetryPolicy
+    from llama_jev.testing import SystemOneTestServer
+
+    lines: list[str] = []
+    with (
+        SystemOneTestServer(api_key="sk-the-right-key") as server,
+        JevClient(api_key="sk-a-wrong-key", base_url=server.base_url, retry=RetryPolicy(max_retries=0)) as judge,
+        pytest.raises(example.EveryJudgementFailedError) as caught,
+    ):
+        example.steps(index, judge, tmp_path, say=lines.append)
+    message = str(caught.value)
+    assert message.startswith("Every judgement failed (")
+    assert "JevAuthenticationError, HTTP 401" in message
+    assert message.endswith("Nothing can be calibrated from failed judgements.")
+    assert not any(line.startswith("\n2. Calibrate") for line in lines)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import logging
+import re
 import shutil
 import signal
 import socket
@@ -541,3 +543,81 @@ def test_serve_command_prints_where_it_listens_answers_and_stops_on_ctrl_c() -> 
             process.communicate()
     assert process.returncode == 0, err
     assert out.strip().endswith("llama_jev.serve: stopped")
+
+
+def _serve_and_call(*options: str) -> tuple[str, str]:
+    """Start ``python -m llama_jev.serve`` with ``options``, ask it once without a key, stop it; stdout, stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llama_jev.serve", "--judge", "local", "--port", "0", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        base_url = process.stdout.readline().split(" at ")[-1].strip().removesuffix("/v1/systemone")
+        process.stdout.readline()  # the banner's second line
+        with JevClient(base_url=base_url) as client:  # a loopback server: no key needed
+            client.system_one(relevance_request(SHIPPING_QUERY, {"a": SHIPPING_ANSWER, "b": "Refunds."}))
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    return out, err
+
+
+def test_serve_logs_one_line_per_request_with_status_candidates_and_ms_never_text() -> None:
+    out, _ = _serve_and_call()
+    (line,) = [line for line in out.splitlines() if "/v1/systemone " in line]
+    assert re.fullmatch(r"\d\d:\d\d:\d\dZ POST /v1/systemone 200 2 candidates \d+ ms", line), line
+    for text in (SHIPPING_QUERY, SHIPPING_ANSWER, "Refunds."):
+        assert text not in out
+
+
+def test_serve_quiet_prints_no_request_lines() -> None:
+    out, _ = _serve_and_call("--quiet")
+    assert "/v1/systemone 200" not in out
+    assert out.strip().endswith("llama_jev.serve: stopped")
+
+
+def test_serve_banner_says_a_loopback_address_needs_no_key() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llama_jev.serve", "--judge", "local", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        process.stdout.readline()
+        second = process.stdout.readline()
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert re.fullmatch(
+        r"  use it with TYPESAFE_BASE_URL=http://127\.0\.0\.1:\d+ \(no TYPESAFE_API_KEY needed for a loopback "
+        r"address\); Ctrl-C stops\n",
+        second,
+    ), second
+
+
+def test_a_query_cut_by_the_embedding_model_is_named_as_the_query_not_a_document(
+    offline: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    embedding = LocalEmbedding(encoder=MiniLMEncoder())  # a fresh encoder: its warnings are its own
+    caplog.set_level(logging.WARNING, logger="llama_jev")
+    embedding.get_query_embedding("What are the refund conditions? " * 300)
+    embedding.get_query_embedding("What are the refund conditions? " * 300)  # once per encoder
+    embedding.get_text_embedding("Refunds within seven days. " * 300)  # a document: its own advice
+    logged = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(logged) == 2, logged
+    assert logged[0].startswith("a query of 2102 tokens was cut to the embedding model's 256-token window: only its")
+    assert "shorten the query" in logged[0]
+    assert "split documents" not in logged[0]
+    assert "split documents into smaller chunks" in logged[1]

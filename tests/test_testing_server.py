@@ -523,3 +523,24 @@ def test_stopped_server_starts_again_on_a_new_socket() -> None:
 def test_base_url_before_start_raises() -> None:
     with pytest.raises(RuntimeError):
         _ = SystemOneTestServer().base_url
+
+
+def test_on_request_sees_every_answered_request_even_when_none_are_kept() -> None:
+    from llama_jev.testing import RecordedRequest
+
+    seen: list[RecordedRequest] = []
+    body = {"state": "q", "questions": {"item_0": {"type": "noul", "instructions": "x"}}}
+    with SystemOneTestServer(keep_requests=False, on_request=seen.append) as server, httpx.Client() as client:
+        assert client.post(server.url, json=body).status_code == 200
+        assert client.get(server.base_url + "/nowhere").status_code == 404
+    assert [(request.method, request.status) for request in seen] == [("POST", 200), ("GET", 404)]
+    assert server.requests == []
+
+
+def test_an_on_request_hook_that_raises_never_fails_the_request() -> None:
+    def broken(request: object) -> None:
+        raise RuntimeError("a log line failed")
+
+    body = {"state": "q", "questions": {"item_0": {"type": "noul", "instructions": "x"}}}
+    with SystemOneTestServer(on_request=broken) as server, httpx.Client() as client:
+        assert client.post(server.url, json=body).status_code == 200

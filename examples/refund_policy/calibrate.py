@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -24,6 +25,7 @@ from pathlib import Path
 from llama_index.core import VectorStoreIndex
 
 from examples.refund_policy import kb, store
+from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
 from examples.refund_policy.models import choose_embedding, choose_judge
 from examples.refund_policy.query import BUDGET_SECONDS, CANDIDATE_LIMIT, TOP_K, CollectionMissingError, open_index
@@ -131,11 +133,23 @@ def summary(report: CalibrationReport) -> list[str]:
     return lines
 
 
+class EveryJudgementFailedError(RuntimeError):
+    """Every judgement of the golden run failed: there is nothing to calibrate (the message says why)."""
+
+
 def steps(index: VectorStoreIndex, judge: Judge, out: Path, say: Callable[[str], object] = print) -> bool:
-    """SHADOW on the golden set -> calibrate -> ENFORCE, or stay in SHADOW; whether ENFORCE was earned."""
+    """SHADOW on the golden set -> calibrate -> ENFORCE, or stay in SHADOW; whether ENFORCE was earned.
+
+    Raises:
+        EveryJudgementFailedError: the judge failed on every golden question (a wrong key, no server).
+    """
     say("\n1. SHADOW: the golden set, asked by every user")
     started = time.perf_counter()
-    collected = run_golden(index, judge)
+    with watching_failures() as failures:
+        collected = run_golden(index, judge)
+    failed = failures.every_judgement_failed(collected.records)
+    if failed is not None:
+        raise EveryJudgementFailedError(f"{failed} Nothing can be calibrated from failed judgements.")
     records, labels = out / "records.jsonl", out / "labels.jsonl"
     collected.write(records, labels)
     say(
@@ -173,7 +187,7 @@ def steps(index: VectorStoreIndex, judge: Judge, out: Path, say: Callable[[str],
 @store.reports_unreachable
 def main(argv: list[str] | None = None) -> int:
     """Run the three steps with the example's judge and print them (0 either way: staying in SHADOW
-    when the labels say so is the walkthrough working, not failing)."""
+    when the labels say so is the walkthrough working, not failing; 1 when every judgement failed)."""
     parser = argparse.ArgumentParser(prog="python -m examples.refund_policy.calibrate", description=__doc__)
     parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument(
@@ -200,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         except CollectionMissingError as error:
             print(error)
             return 2
-        steps(index, judge.component, out)
+        try:
+            steps(index, judge.component, out)
+        except EveryJudgementFailedError as error:
+            print(f"\n{error}", file=sys.stderr)
+            return EXIT_EVERY_JUDGEMENT_FAILED
     return 0
 
 

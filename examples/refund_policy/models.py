@@ -4,8 +4,9 @@ Judge, in order of preference:
 
 1. ``TYPESAFE_API_KEY`` set: :class:`~llama_jev.JevClient`, TypeSafe's Jev (``TYPESAFE_BASE_URL``
    may point at another System One server);
-2. only ``TYPESAFE_BASE_URL`` set: :class:`~llama_jev.JevClient` to that server without a key,
-   e.g. ``python -m llama_jev.serve --judge local`` (the offline judge over HTTP);
+2. only ``TYPESAFE_BASE_URL`` set, to a loopback address: :class:`~llama_jev.JevClient` to that
+   server without a key, e.g. ``python -m llama_jev.serve --judge local`` (the offline judge over
+   HTTP); any other address needs ``TYPESAFE_API_KEY`` too (a ``JevAuthenticationError`` says so);
 3. the ``local`` extra installed: :class:`~llama_jev.local.LocalRelevanceJudge`, a small
    relevance model with calibrated probabilities, running on this machine (not Jev);
 4. otherwise: a :class:`~llama_jev.ScriptedJudge` with a keyword rule (not Jev, not a model).
@@ -83,8 +84,9 @@ def choose_judge(embed_model: BaseEmbedding | None = None, environ: Mapping[str,
             return Choice(client, f"JevClient: TypeSafe's Jev at {client.base_url} (model {client.model})")
         return Choice(client, f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL)")
     if base_url is not None:
-        # A server that asks for no key, such as `python -m llama_jev.serve`; the client always sends one.
-        client = JevClient(api_key="no-key", base_url=base_url)
+        # A server on this machine, such as `python -m llama_jev.serve`, is called without a key;
+        # for any other address JevClient refuses to start without one, saying so.
+        client = JevClient(base_url=base_url)
         return Choice(
             client,
             f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL, no key)",

@@ -15,6 +15,7 @@ ENFORCE recalls ``max(candidate_limit, top_k)`` so the judge has more to choose 
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from llama_index.vector_stores.qdrant import QdrantVectorStore
 from qdrant_client import AsyncQdrantClient, QdrantClient
 
 from examples.refund_policy import kb, store
+from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
 from examples.refund_policy.models import Choice, choose_embedding, choose_judge
 from llama_jev import (
@@ -229,10 +231,12 @@ def render(outcome: Outcome) -> str:
     timing = f"  retrieval {outcome.seconds * 1000:.0f} ms"
     for record in outcome.records:
         # Compact: the fields a JSONL calibration log holds, ids and probabilities, never any text.
+        # With pushdown the store removed what the user may not read before anything came back.
+        counted = " (after the store's ACL filter)" if record.pushdown else ""
         summary = (
             f"Record {record.decision_id[:8]}: {record.status.value} / {record.reason.value}; retrieved "
-            f"{record.retrieved}, ACL denied {record.denied}, judged {record.candidates} "
-            f"({_why_candidates(outcome.mode)}); {record.elapsed_ms:.0f} ms, "
+            f"{record.retrieved}{counted}, ACL denied {record.denied}, judged {record.judged} of "
+            f"{record.candidates} ({_why_candidates(outcome.mode)}); {record.elapsed_ms:.0f} ms, "
             f"model {record.model or 'unknown (no answer)'}"
         )
         lines.append(textwrap.fill(summary, width=_WIDTH, initial_indent="  ", subsequent_indent="    "))
@@ -352,12 +356,22 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
         points = store.point_count(client, store.collection_name(embedding.component))
         print(f"Reopened {points} points in {time.perf_counter() - started:.2f} s (nothing re-embedded)")
 
-        for user in users:
-            print(f"\n{user_heading(user)}")
-            print(render_acl(user))
-            for mode in (Mode.SHADOW, Mode.ENFORCE):
-                print(render(ask(index, judge.component, user, mode, args.question)))
+        records: list[DecisionRecord] = []
+        with watching_failures() as failures:
+            for user in users:
+                print(f"\n{user_heading(user)}")
+                print(render_acl(user))
+                for mode in (Mode.SHADOW, Mode.ENFORCE):
+                    outcome = ask(index, judge.component, user, mode, args.question)
+                    records += outcome.records
+                    if isinstance(outcome.error, RetrievalUnavailableError):
+                        failures.add(outcome.error)
+                    print(render(outcome))
     print(f"\n{FOOTER}")
+    failed = failures.every_judgement_failed(records)
+    if failed is not None:
+        print(f"\n{failed}", file=sys.stderr)
+        return EXIT_EVERY_JUDGEMENT_FAILED
     return 0
 
 

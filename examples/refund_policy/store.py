@@ -22,6 +22,8 @@ from typing import Any, ParamSpec
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from qdrant_client import AsyncQdrantClient, QdrantClient
 
+from llama_jev import JevAuthenticationError
+
 DEFAULT_STORAGE = Path(__file__).resolve().parent / "storage"
 COLLECTION_PREFIX = "refund_policy"
 P = ParamSpec("P")
@@ -51,13 +53,14 @@ class QdrantUnreachableError(RuntimeError):
 
 
 def reports_unreachable(main: Callable[P, int]) -> Callable[P, int]:
-    """Wrap a command's ``main`` so an unreachable server is one line on stderr and exit status 2."""
+    """Wrap a command's ``main`` so an unreachable Qdrant server, or a judge server that needs a key
+    none was given for, is one line on stderr and exit status 2 (both are set-up errors)."""
 
     @functools.wraps(main)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> int:
         try:
             return main(*args, **kwargs)
-        except QdrantUnreachableError as error:
+        except (QdrantUnreachableError, JevAuthenticationError) as error:
             print(error, file=sys.stderr)
             return 2
 

@@ -1,11 +1,13 @@
 """Warnings that turn a silent ACL misconfiguration into a log line, each said once.
 
-A ``MetadataAcl`` that names a key the data spells differently, or a caller bound without a
-tenant, denies everything: the result is ``[]``, exactly like "the knowledge base has no
+A ``MetadataAcl`` that names a key the data spells differently (``is_public`` for ``public``,
+even beside a right ``roles_key``), or a caller bound without a tenant, denies silently: the
+result is ``[]`` or lacks what a grant should have given, exactly like "the knowledge base has no
 answer". These checks notice the pattern and log one WARNING on the ``llama_jev`` logger per
-distinct cause (per set of missing keys, per tenant key) and per retriever or postprocessor
-(each passes its own ``seen`` set), never per query. They name keys and counts only, never
-metadata values, node text or query text.
+distinct cause (per set of absent keys, per tenant key, per unreadable value type) and per
+retriever or postprocessor (each passes its own ``seen`` set), never per query. Which keys a
+whole store lacks is asked of the store (``llama_jev.stores``); these functions word the answer.
+They name keys and counts only, never metadata values, node text or query text.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from llama_jev.acl.rules import MetadataAcl, _is_public, _string_set
 from llama_jev.core.context import RuntimeContext
 
 __all__ = [
+    "absent_keys",
     "diagnose_denials",
-    "explaining_denial",
     "malformed_values",
-    "missing_everywhere",
     "warn_keys_absent",
     "warn_malformed",
 ]
@@ -48,41 +49,63 @@ def _warn_once(cause: tuple[str, ...], message: str, *args: object, seen: set[tu
     logger.warning(message, *args, extra={"jev_cause": cause})
 
 
-def missing_everywhere(acl: MetadataAcl, metadatas: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
-    """The configured keys whose absence from every one of ``metadatas`` denies them all.
+def absent_keys(acl: MetadataAcl, metadatas: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The configured keys that not one of ``metadatas`` holds (absent or ``None``), in ``acl.keys`` order.
 
-    The tenant key when no node holds it; the grant keys (users, roles, public) only when no node
-    holds any of them. A grant key a node lacks simply grants nothing, so data that uses users
-    lists but no roles or public flag is a legitimate schema, not a misconfiguration.
+    Every such key is reported, whichever other keys are present: a misspelled public flag
+    (``is_public`` for ``public``) grants nothing even when the roles key is right, and the
+    callers who should have read through it get ``[]`` without a word.
+
+    Example::
+
+        >>> acl = MetadataAcl(tenant_key="tenant", roles_key="roles", public_key="is_public")
+        >>> absent_keys(acl, [{"tenant": "acme", "public": "true"}, {"tenant": "acme", "roles": ["support"]}])
+        ('is_public',)
     """
     missing = set(acl.keys)
     for metadata in metadatas:
         missing -= {key for key in missing if metadata.get(key) is not None}
         if not missing:
             break
-    return explaining_denial(acl, missing)
+    return tuple(key for key in acl.keys if key in missing)
 
 
-def explaining_denial(acl: MetadataAcl, absent: Iterable[str]) -> tuple[str, ...]:
-    """Of the configured keys ``absent`` from every node, those that make every node unreadable."""
-    absent = set(absent)
-    grant_keys = {key for key in (acl.users_key, acl.roles_key, acl.public_key) if key is not None}
-    if not grant_keys <= absent:
-        absent -= grant_keys
-    return tuple(key for key in acl.keys if key in absent)
+def _consequence(acl: MetadataAcl, missing: set[str]) -> str:
+    """What the absence of ``missing`` does, in words: the tenant or every grant denies all; one grant, its share."""
+    grants = [key for key in (acl.users_key, acl.roles_key, acl.public_key) if key is not None]
+    if acl.tenant_key in missing:
+        return "no node has a tenant, so every node is denied to every caller"
+    if set(grants) <= missing:
+        return "no grant can succeed, so every node is denied to every caller"
+    absent = [key for key in grants if key in missing]
+    verb = "grants" if len(absent) == 1 else "grant"
+    return (
+        f"{', '.join(repr(key) for key in absent)} {verb} nothing: a node readable only through "
+        f"{'it' if len(absent) == 1 else 'them'} is denied to every caller"
+    )
 
 
 def warn_keys_absent(
-    missing: Sequence[str], where: str, present: Iterable[str] = (), *, seen: set[tuple[str, ...]]
+    acl: MetadataAcl,
+    missing: Sequence[str],
+    where: str,
+    present: Iterable[str] = (),
+    *,
+    seen: set[tuple[str, ...]],
 ) -> None:
-    """Log, once per key set (per ``seen``), that no node in ``where`` holds ``missing``, so the ACL denies them all."""
+    """Log, once per key set (per ``seen``), that no node in ``where`` holds the configured ``missing`` keys.
+
+    Names keys only: the configured ones, and (``present``) the metadata keys the nodes do hold,
+    so a misspelling stands next to its right spelling. Never a value.
+    """
     shown = sorted({key for key in present if not key.startswith("_") and key not in _INTERNAL_KEYS})[:_MAX_KEYS_SHOWN]
     _warn_once(
         ("missing", *sorted(missing)),
-        "MetadataAcl denied every node: not one of %s holds the configured metadata key(s) %s, so no caller "
-        "can read them; check the key names%s",
+        "MetadataAcl: not one of %s holds the configured metadata key(s) %s, so %s; check the key names%s, "
+        "or drop from MetadataAcl a grant key the data does not use",
         where,
-        ", ".join(repr(key) for key in sorted(missing)),
+        ", ".join(repr(key) for key in missing),
+        _consequence(acl, set(missing)),
         f" (the nodes' metadata keys: {', '.join(repr(key) for key in shown)})" if shown else "",
         seen=seen,
     )
@@ -123,9 +146,7 @@ def malformed_values(acl: MetadataAcl, metadata: Mapping[str, Any]) -> list[tupl
     return found
 
 
-def warn_malformed(
-    acl: MetadataAcl, metadatas: Iterable[Mapping[str, Any]], *, seen: set[tuple[str, ...]]
-) -> None:
+def warn_malformed(acl: MetadataAcl, metadatas: Iterable[Mapping[str, Any]], *, seen: set[tuple[str, ...]]) -> None:
     """Log, once per key and value type (per ``seen``), ACL values that deny or fail to grant.
 
     The design's promise: a value the ACL cannot read is never a *silent* denial.
@@ -161,11 +182,15 @@ def diagnose_denials(
     authorized: int,
     *,
     seen: set[tuple[str, ...]],
+    store_checked: bool = False,
 ) -> None:
-    """Warn when ``acl`` denies for a configuration reason: no tenant, or keys absent from every node.
+    """Warn when ``acl`` denies for a configuration reason: no tenant, unreadable values, absent keys.
 
     ``metadatas`` are the retrieved nodes' metadata; ``authorized`` how many the ACL let through;
-    ``seen`` the caller's record of warnings already given.
+    ``seen`` the caller's record of warnings already given. ``store_checked``: the whole store was
+    already asked which configured keys it lacks (see ``llama_jev.stores``), so the returned
+    nodes, a sample of it, are not asked again. Otherwise, when the ACL denied one of them, a
+    configured key none of them holds is named.
     """
     if len(metadatas) > authorized:
         warn_malformed(acl, metadatas, seen=seen)
@@ -178,9 +203,9 @@ def diagnose_denials(
             seen=seen,
         )
         return
-    if not metadatas or authorized:
+    if store_checked or authorized == len(metadatas):
         return
-    missing = missing_everywhere(acl, metadatas)
+    missing = absent_keys(acl, metadatas)
     if missing:
-        where = f"the {len(metadatas)} retrieved nodes"
-        warn_keys_absent(missing, where, (key for metadata in metadatas for key in metadata), seen=seen)
+        where = f"the {len(metadatas)} nodes the retriever returned (its store cannot be asked for every key)"
+        warn_keys_absent(acl, missing, where, (key for metadata in metadatas for key in metadata), seen=seen)

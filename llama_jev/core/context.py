@@ -71,8 +71,10 @@ def bind_if_given(ctx: RuntimeContext | None) -> AbstractContextManager[RuntimeC
     return nullcontext() if ctx is None else runtime_context(ctx)
 
 
-def current_runtime_context() -> RuntimeContext:
+def current_runtime_context(*, needs_tenant: bool = False) -> RuntimeContext:
     """Return the bound ``RuntimeContext``.
+
+    ``needs_tenant``: the caller's ACL checks a tenant, so the error's example binds ``tenant_id`` too.
 
     Raises:
         MissingRuntimeContextError: nothing is bound in this context.
@@ -85,9 +87,13 @@ def current_runtime_context() -> RuntimeContext:
     """
     ctx = _CURRENT.get(None)
     if ctx is None:
+        # With a tenant-checking ACL, an example without tenant_id would only lead to the next
+        # silent failure: a bound identity that every node denies.
+        example = "RuntimeContext(user_id=..., tenant_id=...)" if needs_tenant else "RuntimeContext(user_id=...)"
+        why = " (the ACL checks a tenant key, so bind tenant_id too)" if needs_tenant else ""
         raise MissingRuntimeContextError(
-            "No RuntimeContext is bound: wrap the call in "
-            "`with runtime_context(RuntimeContext(user_id=...)):` or pass ctx= explicitly. "
+            f"No RuntimeContext is bound: wrap the call in `with runtime_context({example}):`{why} "
+            "or pass ctx= explicitly. "
             "Agents and workflows copy the context when run() is called: bind before calling "
             "agent.run(...), not after it started (for example around awaiting its handler). "
             "A thread started without contextvars.copy_context() does not see the caller's binding."
@@ -95,8 +101,10 @@ def current_runtime_context() -> RuntimeContext:
     return ctx
 
 
-def resolve_runtime_context(ctx: RuntimeContext | None) -> RuntimeContext:
+def resolve_runtime_context(ctx: RuntimeContext | None, *, needs_tenant: bool = False) -> RuntimeContext:
     """Return the identity to act for: ``ctx`` if given, else the bound one.
+
+    ``needs_tenant`` as in :func:`current_runtime_context`.
 
     Raises:
         TypeError: ``ctx`` is neither ``None`` nor a ``RuntimeContext``.
@@ -110,7 +118,7 @@ def resolve_runtime_context(ctx: RuntimeContext | None) -> RuntimeContext:
         ('u2', 'u1')
     """
     if ctx is None:
-        return current_runtime_context()
+        return current_runtime_context(needs_tenant=needs_tenant)
     if not isinstance(ctx, RuntimeContext):
         raise TypeError(f"ctx must be a RuntimeContext or None, not {type(ctx).__name__}")
     return ctx

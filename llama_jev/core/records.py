@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import os
 import time
@@ -37,6 +38,9 @@ __all__ = [
 
 QUERY_KEY_SECRET_ENVIRONMENT = "LLAMA_JEV_QUERY_KEY_SECRET"  # noqa: S105 - a variable name, not a secret
 
+# The package's one logger (DESIGN names it for what a user must be told).
+logger = logging.getLogger("llama_jev")
+
 
 class Mode(str, Enum):
     """What the judge's verdict does to a retrieval.
@@ -49,6 +53,20 @@ class Mode(str, Enum):
     OFF = "off"
     SHADOW = "shadow"
     ENFORCE = "enforce"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Mode:
+        # "ENFORCE", "Shadow" or " off " mean what they say; anything else is refused with the
+        # values that work, since "'ENFORCE' is not a valid Mode" leaves a user guessing.
+        if isinstance(value, str):
+            folded = value.strip().casefold()
+            for mode in cls:
+                if mode.value == folded:
+                    return mode
+        valid = ", ".join(repr(mode.value) for mode in cls)
+        raise ValueError(
+            f"{value!r} is not a valid Mode: use one of {valid} (in any case) or Mode.OFF, Mode.SHADOW, Mode.ENFORCE"
+        )
 
 
 class Status(str, Enum):
@@ -100,7 +118,15 @@ class DecisionRecord(BaseModel):
     status: Status
     reason: Reason
     elapsed_ms: float = Field(ge=0.0)
-    candidates: int = Field(ge=0, description="How many candidates were judged.")
+    candidates: int = Field(ge=0, description="How many candidates were put to the judge (those the ACL let through).")
+    judged: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "How many of them the judge answered: len(scores); 0 when the judgement failed or was skipped "
+            "(a failed judgement keeps no partial answers)."
+        ),
+    )
     requests: int = Field(ge=0, description="How many System One requests the judgement needed.")
     model: str | None = Field(default=None, description="The model that answered, as the server named it.")
     selected: tuple[str, ...] = ()
@@ -111,6 +137,14 @@ class DecisionRecord(BaseModel):
         default=None, ge=0, description="Nodes the upstream retriever returned (None: not a retrieval)."
     )
     denied: int | None = Field(default=None, ge=0, description="Of those, nodes the ACL removed (None: no ACL ran).")
+    pushdown: bool = Field(
+        default=False,
+        description=(
+            "Whether the ACL was pushed down into the vector store: then the store dropped the nodes the caller "
+            "may not read before retrieval, so retrieved and denied count only what reached the in-process ACL "
+            "(denied is usually 0, and retrieved 0 can mean nothing readable matched)."
+        ),
+    )
     query_key: str | None = Field(
         default=None,
         description="HMAC-SHA256 of the normalised query under the configured secret (None: no secret set).",
@@ -139,7 +173,9 @@ class ExecutionOptions:
     """How judgements run.
 
     Args:
-        mode: :class:`Mode` (or its value, ``"enforce"``).
+        mode: :class:`Mode`, or its value in any case (``"enforce"``, ``"ENFORCE"``). ``OFF`` asks
+            no judge and writes no record: an ``observer`` given with it is never called (said
+            once, at INFO, when the options are made).
         budget: seconds for the whole judgement of one retrieval: every batch, retry and backoff
             (upstream recall is not counted). When it runs out the judgement is an ``ERROR`` with
             reason ``TIMEOUT``.
@@ -174,6 +210,13 @@ class ExecutionOptions:
             raise ValueError("version must be a non-blank string")
         if self.observer is not None and not callable(self.observer):
             raise TypeError("observer must be callable as observer(ctx, record)")
+        if self.mode is Mode.OFF and self.observer is not None:
+            # OFF skips the judgement, so there is no record to observe; an empty audit log should
+            # not be the first sign of it.
+            logger.info(
+                "ExecutionOptions(mode=OFF) with an observer: OFF asks no judge and writes no DecisionRecord, "
+                "so the observer is never called; use Mode.SHADOW to record the judge's view without changing results"
+            )
         secret = self.query_key_secret
         if secret is None:
             secret = os.environ.get(QUERY_KEY_SECRET_ENVIRONMENT) or None

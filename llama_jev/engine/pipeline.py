@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.schema import NodeWithScore
@@ -16,7 +17,7 @@ from llama_index_instrumentation import get_dispatcher
 
 from llama_jev.acl.diagnostics import diagnose_denials
 from llama_jev.acl.rules import Acl, MetadataAcl, check_acl
-from llama_jev.core.context import RuntimeContext
+from llama_jev.core.context import RuntimeContext, resolve_runtime_context
 from llama_jev.core.errors import JevAPIError, RetrievalInconclusiveError, RetrievalUnavailableError
 from llama_jev.core.records import Decision, DecisionRecord, Mode, Reason, Status
 from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
@@ -90,7 +91,9 @@ def _with_key(keys: list[str]) -> list[str]:
 class JudgedRetrieval:
     """ACL -> independent judgements -> order by probability -> limit, for one selector and ACL."""
 
-    def __init__(self, selector: CandidateSelector, acl: Acl, *, question: str = RELEVANCE_QUESTION) -> None:
+    def __init__(
+        self, selector: CandidateSelector, acl: Acl, *, question: str = RELEVANCE_QUESTION, pushdown: bool = False
+    ) -> None:
         if not isinstance(selector, CandidateSelector):
             raise TypeError("selector must be a CandidateSelector")
         if not callable(acl):
@@ -100,6 +103,11 @@ class JudgedRetrieval:
         self.selector = selector
         self.acl = acl
         self.question = question
+        # Whether the store applies the ACL before retrieval (DecisionRecord.pushdown).
+        self.pushdown = pushdown
+        # Whether the whole store was asked which configured keys it lacks (then the returned
+        # nodes are not asked again; see diagnose_denials).
+        self.store_checked = False
         # The ACL misconfiguration warnings already given by this retrieval (each once, not per query).
         self.warned: set[tuple[str, ...]] = set()
 
@@ -117,7 +125,7 @@ class JudgedRetrieval:
         if self.mode is Mode.OFF:
             return _limit(authorized, limit)
         decision = self.selector.select(
-            query, self.question, to_candidates(authorized), ctx=ctx, **_counts(nodes, authorized)
+            query, self.question, to_candidates(authorized), ctx=ctx, **self._counts(nodes, authorized)
         )
         return self._apply(authorized, decision, limit)
 
@@ -130,14 +138,35 @@ class JudgedRetrieval:
         if self.mode is Mode.OFF:
             return _limit(authorized, limit)
         decision = await self.selector.aselect(
-            query, self.question, to_candidates(authorized), ctx=ctx, **_counts(nodes, authorized)
+            query, self.question, to_candidates(authorized), ctx=ctx, **self._counts(nodes, authorized)
         )
         return self._apply(authorized, decision, limit)
+
+    def identity(self, ctx: RuntimeContext | None) -> RuntimeContext:
+        """The caller to act for: ``ctx``, else the bound one; the error names what this ACL needs.
+
+        Raises:
+            MissingRuntimeContextError: nothing is bound; with a ``MetadataAcl`` that checks a tenant
+                the hint shows ``tenant_id`` too, since an identity without one is denied everything.
+        """
+        needs_tenant = isinstance(self.acl, MetadataAcl) and self.acl.tenant_key is not None
+        return resolve_runtime_context(ctx, needs_tenant=needs_tenant)
+
+    def _counts(self, nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore]) -> dict[str, Any]:
+        """What the record says the retrieval did before the judge: retrieved, denied by the ACL, pushdown."""
+        return {"retrieved": len(nodes), "denied": len(nodes) - len(authorized), "pushdown": self.pushdown}
 
     def _authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         authorized = authorize(nodes, ctx, self.acl)
         if isinstance(self.acl, MetadataAcl):
-            diagnose_denials(self.acl, ctx, [node.node.metadata for node in nodes], len(authorized), seen=self.warned)
+            diagnose_denials(
+                self.acl,
+                ctx,
+                [node.node.metadata for node in nodes],
+                len(authorized),
+                seen=self.warned,
+                store_checked=self.store_checked,
+            )
         return authorized
 
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:
@@ -274,11 +303,6 @@ def describe_failure(decision: Decision) -> JudgeFailure:
         status_code=status_code,
         retryable=retryable,
     )
-
-
-def _counts(nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore]) -> dict[str, int]:
-    """What the record says the retrieval did before the judge: retrieved, and denied by the ACL."""
-    return {"retrieved": len(nodes), "denied": len(nodes) - len(authorized)}
 
 
 def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:

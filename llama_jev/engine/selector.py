@@ -84,6 +84,7 @@ class _Plan:
     # What the record says about the retrieval around the judgement (see DecisionRecord).
     retrieved: int | None = None
     denied: int | None = None
+    pushdown: bool = False
     query_key: str | None = None
     # Where the judge reports how long requests waited for admission (DecisionRecord.queue_ms).
     queue: QueueWait = field(default_factory=QueueWait, compare=False)
@@ -231,9 +232,11 @@ class CandidateSelector:
             reason=reason,
             elapsed_ms=budget.elapsed_ms(),
             candidates=plan.count,
+            judged=len(selection.scores) if selection else 0,
             requests=len(plan.requests),
             retrieved=plan.retrieved,
             denied=plan.denied,
+            pushdown=plan.pushdown,
             query_key=plan.query_key,
             model=model,
             selected=selection.selected if selection else (),
@@ -288,6 +291,7 @@ class CandidateSelector:
         ctx: RuntimeContext | None,
         retrieved: int | None,
         denied: int | None,
+        pushdown: bool = False,
     ) -> Decision | tuple[_Plan, Budget]:
         """A finished decision when nothing is to be asked (mode OFF, no candidate), else the plan."""
         if self.options.mode is Mode.OFF:
@@ -301,7 +305,11 @@ class CandidateSelector:
             unsendable = _unencodable(state, candidates)
             if unsendable is None:
                 plan = replace(
-                    self._plan(state, question, candidates), retrieved=retrieved, denied=denied, query_key=key
+                    self._plan(state, question, candidates),
+                    retrieved=retrieved,
+                    denied=denied,
+                    pushdown=pushdown,
+                    query_key=key,
                 )
         except (CandidateTooLargeError, QueryTooLargeError) as error:
             unsendable = error
@@ -309,7 +317,9 @@ class CandidateSelector:
             # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
             # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
             reason = _UNSENDABLE_REASONS[type(unsendable)]
-            empty = _Plan((), (), len(candidates), retrieved=retrieved, denied=denied, query_key=key)
+            empty = _Plan(
+                (), (), len(candidates), retrieved=retrieved, denied=denied, pushdown=pushdown, query_key=key
+            )
             record = self._record(empty, budget, Status.ERROR, reason)
             return self._observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
         if not plan.requests:
@@ -342,6 +352,7 @@ class CandidateSelector:
         *,
         retrieved: int | None = None,
         denied: int | None = None,
+        pushdown: bool = False,
     ) -> Decision:
         """Judge ``candidates`` against ``state`` (the query) with the yes/no ``question``.
 
@@ -349,10 +360,11 @@ class CandidateSelector:
         judge cannot take (``CANDIDATE_TOO_LARGE``, ``QUERY_TOO_LARGE``, ``UNENCODABLE_TEXT``).
         Raises ``ValueError`` for bad input (a blank query, question or id, duplicate ids, more
         than 1024 candidates). In mode ``OFF`` nothing is asked and nothing recorded.
-        ``retrieved`` / ``denied`` (what the upstream retriever returned and the ACL removed) are
-        written into the record by the LlamaIndex components.
+        ``retrieved`` / ``denied`` (what the upstream retriever returned and the ACL removed) and
+        ``pushdown`` (whether the store applied the ACL first) are written into the record by the
+        LlamaIndex components.
         """
-        started = self._start(state, question, candidates, ctx, retrieved, denied)
+        started = self._start(state, question, candidates, ctx, retrieved, denied, pushdown)
         if isinstance(started, Decision):
             return started
         plan, budget = started
@@ -401,9 +413,10 @@ class CandidateSelector:
         *,
         retrieved: int | None = None,
         denied: int | None = None,
+        pushdown: bool = False,
     ) -> Decision:
         """The async twin of :meth:`select`. A cancellation is recorded as ``CANCELLED`` and re-raised."""
-        started = self._start(state, question, candidates, ctx, retrieved, denied)
+        started = self._start(state, question, candidates, ctx, retrieved, denied, pushdown)
         if isinstance(started, Decision):
             return started
         plan, budget = started

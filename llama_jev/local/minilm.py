@@ -88,7 +88,7 @@ class MiniLMEncoder(_LoadedOnce):
         self._model_path = Path(model_path) if model_path is not None else None
         self._tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else None
         self._start_unloaded()
-        self._warned_truncation = False
+        self._warned_cuts: set[str] = set()
 
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
@@ -123,24 +123,42 @@ class MiniLMEncoder(_LoadedOnce):
         """
         return [len(ids) for ids in self._token_ids(self._loaded(), texts)]
 
-    def encode(self, texts: Sequence[str]) -> Vectors:
+    def encode(self, texts: Sequence[str], *, queries: bool = False) -> Vectors:
         """Embed ``texts`` as an ``(n, 384)`` float32 array of unit vectors, in order.
 
         Each text is cut to its first 256 tokens (the model's window), see the class docstring.
+        ``queries``: the texts are queries, not documents; only the warning about a cut differs
+        (a long query is shortened, not split into chunks).
         """
         model = self._loaded()
         windows = []
         for ids in self._token_ids(model, texts):
-            if len(ids) > self.max_tokens - _SPECIAL_TOKENS and not self._warned_truncation:
-                self._warned_truncation = True
-                logger.warning(
-                    "a text of %d tokens was cut to the model's %d-token window; split documents into smaller "
-                    "chunks (this warning is logged once per encoder)",
-                    len(ids) + _SPECIAL_TOKENS,
-                    self.max_tokens,
-                )
+            if len(ids) > self.max_tokens - _SPECIAL_TOKENS:
+                self._warn_cut(len(ids) + _SPECIAL_TOKENS, queries=queries)
             windows.append(ids[: self.max_tokens - _SPECIAL_TOKENS])
         return self._forward(model, windows)
+
+    def _warn_cut(self, tokens: int, *, queries: bool) -> None:
+        # Once per encoder and kind: a user told about a long document still needs to hear about
+        # a long query, whose remedy differs (the advice to split documents sent one on a hunt).
+        kind = "query" if queries else "document"
+        if kind in self._warned_cuts:
+            return
+        self._warned_cuts.add(kind)
+        if queries:
+            logger.warning(
+                "a query of %d tokens was cut to the embedding model's %d-token window: only its beginning "
+                "(about 190 words) is used to retrieve; shorten the query (this warning is logged once per encoder)",
+                tokens,
+                self.max_tokens,
+            )
+        else:
+            logger.warning(
+                "a text of %d tokens was cut to the model's %d-token window; split documents into smaller "
+                "chunks (this warning is logged once per encoder)",
+                tokens,
+                self.max_tokens,
+            )
 
     def encode_windows(
         self, texts: Sequence[str], *, overlap: int = 64, deadline: float | None = None
@@ -302,7 +320,7 @@ class LocalEmbedding(BaseEmbedding):
         return self._encoder
 
     def _get_query_embedding(self, query: str) -> Embedding:
-        return _as_embedding(self._encoder.encode([query])[0])
+        return _as_embedding(self._encoder.encode([query], queries=True)[0])
 
     def _get_text_embedding(self, text: str) -> Embedding:
         return _as_embedding(self._encoder.encode([text])[0])

@@ -9,7 +9,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llama_jev.acl.rules import Acl
-from llama_jev.core.context import RuntimeContext, bind_if_given, resolve_runtime_context
+from llama_jev.core.context import RuntimeContext, bind_if_given
 from llama_jev.engine.pipeline import JudgedRetrieval
 from llama_jev.engine.selector import RELEVANCE_QUESTION, CandidateSelector
 
@@ -84,13 +84,13 @@ class JevNodePostprocessor(BaseNodePostprocessor):
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
-        ctx = resolve_runtime_context(None)
+        ctx = self._judged.identity(None)
         return self._judged.run(_query(query_bundle), nodes, ctx, self.top_n)
 
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
-        ctx = resolve_runtime_context(None)
+        ctx = self._judged.identity(None)
         return await self._judged.arun(_query(query_bundle), nodes, ctx, self.top_n)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import inspect
 import logging
@@ -16,11 +15,13 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
 from llama_index_instrumentation import get_dispatcher
 
 from llama_jev import stores
+from llama_jev.acl.diagnostics import warn_keys_absent
 from llama_jev.acl.rules import Acl, MetadataAcl
-from llama_jev.core.context import RuntimeContext, bind_if_given, resolve_runtime_context
+from llama_jev.core.context import RuntimeContext, bind_if_given
 from llama_jev.core.records import Mode
 from llama_jev.engine.pipeline import JudgedRetrieval, check_query
 from llama_jev.engine.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
+from llama_jev.stores import KeyCensus
 
 __all__ = ["JevRetriever"]
 
@@ -90,7 +91,11 @@ class JevRetriever(BaseRetriever):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
         self._judged = JudgedRetrieval(selector, acl, question=question)
         self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None
-        self._keys_checked = False
+        self._judged.pushdown = self._pushdown is not None
+        # The store is asked once which configured keys no node holds (pushdown or not); a store
+        # no adapter speaks cannot be asked, so the nodes that come back are checked instead.
+        self._census = stores.adapter_for(retriever) if isinstance(acl, MetadataAcl) else None
+        self._keys_checked = self._census is None
         # Once per retriever (not per process): every retriever over a sync-only store is told.
         self._warned_sync_only = threading.Event()
         self.retriever = retriever
@@ -182,21 +187,56 @@ class JevRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         check_query(query_bundle.query_str)
-        ctx = resolve_runtime_context(None)
+        ctx = self._judged.identity(None)
+        if not self._keys_checked:
+            self._census_taken(self._ask_store())
         nodes = self._upstream(ctx).retrieve(query_bundle)
-        if not nodes and self._pushdown is not None and not self._keys_checked:
-            self._keys_checked = True
-            self._pushdown.diagnose_empty()
         return self._judged.run(query_bundle.query_str, nodes, ctx, self.top_k)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         check_query(query_bundle.query_str)
-        ctx = resolve_runtime_context(None)
+        ctx = self._judged.identity(None)
+        if not self._keys_checked:
+            self._census_taken(await self._aask_store())
         nodes = await stores.aretrieve(self._upstream(ctx), query_bundle, self._warned_sync_only)
-        if not nodes and self._pushdown is not None and not self._keys_checked:
-            self._keys_checked = True
-            await asyncio.get_running_loop().run_in_executor(None, self._pushdown.diagnose_empty)
         return await self._judged.arun(query_bundle.query_str, nodes, ctx, self.top_k)
+
+    def _ask_store(self) -> KeyCensus | None:
+        """The store's census of the ACL's keys, or ``None`` when it cannot be asked (or failed to answer)."""
+        if self._census is None or not isinstance(self.acl, MetadataAcl):
+            return None
+        try:
+            return self._census.census(self.retriever, self.acl.keys)
+        except Exception:
+            # A diagnosis never fails a retrieval; a store that is down fails the retrieval itself.
+            logger.debug("the %s store could not be asked for the ACL's keys", self._census.name, exc_info=True)
+            return None
+
+    async def _aask_store(self) -> KeyCensus | None:
+        """The async twin of :meth:`_ask_store`."""
+        if self._census is None or not isinstance(self.acl, MetadataAcl):
+            return None
+        try:
+            return await self._census.acensus(self.retriever, self.acl.keys)
+        except Exception:
+            logger.debug("the %s store could not be asked for the ACL's keys", self._census.name, exc_info=True)
+            return None
+
+    def _census_taken(self, census: KeyCensus | None) -> None:
+        """Warn about the configured keys no node in the store holds; once a non-empty store answered.
+
+        Once per retriever and key set (``warn_keys_absent`` keeps the retriever's ``seen``). An
+        empty store is asked again next time; a store that cannot be asked leaves the check to
+        the nodes that come back (``diagnose_denials``).
+        """
+        if census is not None and census.nodes == 0:
+            return
+        self._keys_checked = True
+        if census is None or not isinstance(self.acl, MetadataAcl):
+            return
+        self._judged.store_checked = True
+        if census.absent:
+            warn_keys_absent(self.acl, census.absent, census.where, census.present, seen=self._judged.warned)
 
     def _upstream(self, ctx: RuntimeContext) -> BaseRetriever:
         """The wrapped retriever, or a per-query shallow copy with this query's k and filters.

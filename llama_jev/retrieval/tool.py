@@ -6,6 +6,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools import FunctionTool
 
+from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.context import current_runtime_context
 from llama_jev.core.errors import MissingRuntimeContextError
 from llama_jev.retrieval.evidence import record_evidence
@@ -49,13 +50,13 @@ class JevKnowledgeTool:
     def search(self, query: str) -> list[dict[str, str]]:
         """Passages relevant to ``query`` that the bound identity may read: ``[{"id", "text"}]``."""
         _check_query(query)
-        _require_identity()  # no bound identity: fail here, before any retrieval
+        _require_identity(self.retriever)  # no bound identity: fail here, before any retrieval
         return self._passages(self.retriever.retrieve(query))
 
     async def asearch(self, query: str) -> list[dict[str, str]]:
         """Async :meth:`search`."""
         _check_query(query)
-        _require_identity()
+        _require_identity(self.retriever)
         return self._passages(await self.retriever.aretrieve(query))
 
     def _passages(self, nodes: list[NodeWithScore]) -> list[dict[str, str]]:
@@ -71,7 +72,7 @@ class JevKnowledgeTool:
         )
 
 
-def _require_identity() -> None:
+def _require_identity(retriever: BaseRetriever) -> None:
     try:
         current_runtime_context()
     except MissingRuntimeContextError:
@@ -81,9 +82,13 @@ def _require_identity() -> None:
     if missing:
         # Raised outside the except block: the generic error would only repeat "wrap the call",
         # which a user binding after agent.run() started believes they did.
+        acl = getattr(retriever, "acl", None)
+        tenant = (
+            " (with tenant_id: this ACL checks a tenant)" if isinstance(acl, MetadataAcl) and acl.tenant_key else ""
+        )
         raise MissingRuntimeContextError(
             f"{TOOL_NAME} ran with no RuntimeContext bound. An agent's tools see the identity bound "
-            "when agent.run() was called: bind it before run() starts "
+            f"when agent.run() was called: bind it{tenant} before run() starts "
             "(`with runtime_context(ctx): handler = agent.run(...)`, then await the handler), not after."
         )
 

@@ -15,11 +15,11 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llama_jev.acl.rules import Acl, MetadataAcl
 from llama_jev.stores import qdrant
-from llama_jev.stores.base import Pushdown, Seen
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen
 from llama_jev.stores.memory import MemoryPushdown
 from llama_jev.stores.qdrant import QdrantPushdown
 
-__all__ = ["ADAPTERS", "Pushdown", "adapter_for", "aretrieve", "pushdown_for"]
+__all__ = ["ADAPTERS", "KeyCensus", "Pushdown", "adapter_for", "aretrieve", "pushdown_for"]
 
 ADAPTERS: tuple[type[Pushdown], ...] = (MemoryPushdown, QdrantPushdown)
 """Every store adapter, asked in order which one speaks a retriever's store."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -10,10 +13,28 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
 
-__all__ = ["Pushdown", "Seen", "vector_store_of"]
+__all__ = ["KeyCensus", "Pushdown", "Seen", "vector_store_of"]
 
 Seen = set[tuple[str, ...]]
 """The causes already warned about, per retriever: a warning is said once per retriever and cause."""
+
+
+@dataclass(frozen=True)
+class KeyCensus:
+    """What a whole store says about an ACL's keys; key names and counts only, never a value.
+
+    Attributes:
+        absent: the configured keys not one of the store's nodes holds, in the order asked.
+        nodes: how many nodes were looked at (0: the store is empty, nothing can be concluded).
+        where: the store in words, for a message ("the 7 nodes of the in-memory store").
+        present: metadata key names the store's nodes do hold (all, or a sample), so a
+            misspelling can be shown next to its right spelling.
+    """
+
+    absent: tuple[str, ...]
+    nodes: int
+    where: str
+    present: tuple[str, ...] = ()
 
 
 def vector_store_of(retriever: BaseRetriever) -> Any:
@@ -51,10 +72,20 @@ class Pushdown(ABC):
     def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
         """Restrict ``upstream`` (this query's copy of the retriever) to the nodes ``ctx`` may read."""
 
-    def diagnose_empty(self) -> None:  # noqa: B027 - optional hook: most stores have nothing to add
-        """The store returned nothing under the ACL: say if a configured key is absent from the whole store.
+    @classmethod
+    def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
+        """Ask the whole store which of ``keys`` not one of its nodes holds; ``None``: it cannot be asked.
 
-        Called at most until it has run once per retriever. With pushdown, nothing may come
-        back, so the in-process diagnosis never sees a node; an adapter that can ask its store
-        which keys exist does it here. Names keys only, never values.
+        Optional: an adapter that can ask its store cheaply (a scan of in-memory metadata, one
+        ``limit=1`` query per key, one SQL statement) overrides this. With pushdown nothing may
+        come back for a misspelled key, and without it the nodes that do come back are a sample,
+        so only the store can say that no node holds ``is_public``. The retriever asks once
+        (until a non-empty store has answered), whether or not it pushes the ACL down. It must
+        name keys only, never read a value into a message.
         """
+        return None
+
+    @classmethod
+    async def acensus(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
+        """:meth:`census` for ``aretrieve``: by default the sync census in a worker thread."""
+        return await asyncio.to_thread(cls.census, retriever, keys)

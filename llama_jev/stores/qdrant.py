@@ -12,16 +12,16 @@ import asyncio
 import contextvars
 import logging
 import threading
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
-from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+from llama_index.core.vector_stores.types import FilterCondition, MetadataFilters
 
-from llama_jev.acl.diagnostics import explaining_denial, warn_keys_absent
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import Pushdown, Seen, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, vector_store_of
 
 __all__ = ["QdrantPushdown", "is_qdrant", "retrieve_in_thread", "sync_only"]
 
@@ -57,32 +57,66 @@ class QdrantPushdown(Pushdown):
         )
         upstream._filters = combined  # type: ignore[attr-defined]
 
-    def diagnose_empty(self) -> None:
-        """One ``limit=1`` scroll per configured key asks whether any point holds it.
+    @classmethod
+    def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
+        """One ``limit=1`` scroll per key, without payload, asks whether any point holds it.
 
-        The node fetched stays in this method (no event, no log carries it).
+        Plus one scroll of :data:`_KEY_SAMPLE` points for the key names the data does use; only
+        the names are read (a payload also holds the node's text, which goes nowhere).
         """
-        store = vector_store_of(self.retriever)
-        if getattr(store, "_client", None) is None:
-            return
-        if not store.get_nodes(limit=1):
-            return  # an empty collection: nothing was denied
-        missing = explaining_denial(
-            self.acl,
-            (
-                key
-                for key in self.acl.keys
-                if not store.get_nodes(
-                    filters=MetadataFilters(
-                        filters=[MetadataFilter(key=key, operator=FilterOperator.IS_EMPTY, value=None)],
-                        condition=FilterCondition.NOT,
-                    ),
-                    limit=1,
-                )
-            ),
-        )
-        if missing:
-            warn_keys_absent(missing, f"the points of Qdrant collection {store.collection_name!r}", seen=self.seen)
+        store = vector_store_of(retriever)
+        client = getattr(store, "_client", None)
+        if client is None:
+            return None
+        name = store.collection_name
+        if not client.collection_exists(name):
+            return KeyCensus(absent=(), nodes=0, where=f"Qdrant collection {name!r}")
+        sample, _ = client.scroll(name, limit=_KEY_SAMPLE, with_payload=True, with_vectors=False)
+        absent = [
+            key
+            for key in keys
+            if sample and not client.scroll(name, scroll_filter=_holds(key), limit=1, with_payload=False)[0]
+        ]
+        return _census(name, sample, absent)
+
+    @classmethod
+    async def acensus(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
+        """:meth:`census` over the store's async client, or the sync one in a thread."""
+        store = vector_store_of(retriever)
+        client = getattr(store, "_aclient", None)
+        if client is None:
+            return await asyncio.to_thread(cls.census, retriever, keys)
+        name = store.collection_name
+        if not await client.collection_exists(name):
+            return KeyCensus(absent=(), nodes=0, where=f"Qdrant collection {name!r}")
+        sample, _ = await client.scroll(name, limit=_KEY_SAMPLE, with_payload=True, with_vectors=False)
+        absent = [
+            key
+            for key in keys
+            if sample and not (await client.scroll(name, scroll_filter=_holds(key), limit=1, with_payload=False))[0]
+        ]
+        return _census(name, sample, absent)
+
+
+# How many points' payload key names show which keys the data does use.
+_KEY_SAMPLE = 32
+
+
+def _holds(key: str) -> Any:
+    """A Qdrant filter matching the points whose payload holds ``key`` (not missing, null or empty)."""
+    from qdrant_client import models  # only reached with a Qdrant store, so the extra is installed
+
+    return models.Filter(must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=key))])
+
+
+def _census(name: str, sample: Sequence[Any], absent: Sequence[str]) -> KeyCensus:
+    present = sorted({key for point in sample for key in (point.payload or {})})
+    return KeyCensus(
+        absent=tuple(absent),
+        nodes=len(sample),
+        where=f"the points of Qdrant collection {name!r}",
+        present=tuple(present),
+    )
 
 
 def sync_only(retriever: BaseRetriever) -> bool:

@@ -45,10 +45,12 @@ from llama_jev.systemone.responses import (
     _retry_after,
     _server_message,
     _transport_error,
+    is_loopback,
+    origin,
 )
 from llama_jev.systemone.wire import DEFAULT_MODEL, SystemOneRequest, SystemOneResult, check_result
 
-__all__ = ["DEFAULT_BASE_URL", "JevClient", "RetryPolicy"]
+__all__ = ["DEFAULT_BASE_URL", "JevClient", "RetryPolicy", "is_loopback"]
 
 DEFAULT_BASE_URL = "https://api.typesafe.ai"
 API_KEY_ENVIRONMENT = ("TYPESAFE_API_KEY", "JEV_API_KEY")
@@ -127,7 +129,9 @@ class JevClient:
 
     Args:
         api_key: the key sent as ``Authorization: Bearer``; defaults to ``TYPESAFE_API_KEY``, then
-            ``JEV_API_KEY``. A missing key fails here, not at the first call.
+            ``JEV_API_KEY``. A missing key fails here, not at the first call, unless ``base_url``
+            is a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``, e.g.
+            ``python -m llama_jev.serve``): then no ``Authorization`` header is sent.
         base_url: the server; a base already ending in ``/v1`` or ``/v1/systemone`` works too.
             Defaults to ``TYPESAFE_BASE_URL``, then ``https://api.typesafe.ai``.
         model: the model name sent with each request.
@@ -161,10 +165,15 @@ class JevClient:
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        base = normalize_base_url(base_url or os.environ.get(BASE_URL_ENVIRONMENT) or DEFAULT_BASE_URL)
         key = api_key if api_key is not None else _key_from_environment()
-        if key is None or not key.strip():
+        if key is not None and not key.strip():
+            key = None
+        if key is None and not is_loopback(base):
             raise JevAuthenticationError(
-                "no System One API key: pass api_key=... or set TYPESAFE_API_KEY (or JEV_API_KEY)"
+                f"no System One API key for {base}: pass api_key=... or set TYPESAFE_API_KEY (or JEV_API_KEY); "
+                "only a server on this machine (a loopback base_url such as http://127.0.0.1:8000, "
+                "python -m llama_jev.serve) is called without one"
             )
         if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -173,7 +182,7 @@ class JevClient:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
         self._key = key
-        self.base_url = normalize_base_url(base_url or os.environ.get(BASE_URL_ENVIRONMENT) or DEFAULT_BASE_URL)
+        self.base_url = base
         self.model = model
         self.timeout = float(timeout)
         self.retry = retry if retry is not None else RetryPolicy()
@@ -188,7 +197,8 @@ class JevClient:
         )
 
     def __repr__(self) -> str:
-        return f"JevClient(base_url={self.base_url!r}, model={self.model!r}, api_key={_REDACTED!r})"
+        key = repr(_REDACTED) if self._key is not None else "None"
+        return f"JevClient(base_url={self.base_url!r}, model={self.model!r}, api_key={key})"
 
     @property
     def stats(self) -> GovernorStats:
@@ -282,7 +292,7 @@ class JevClient:
                 problem = error.message
         if problem is not None:
             raise JevInvalidResponseError(self._redact(problem), status_code=outcome.status_code)
-        if self._key in result.model:
+        if self._key is not None and self._key in result.model:
             result = result.model_copy(update={"model": _REDACTED})
         return result
 
@@ -295,6 +305,8 @@ class JevClient:
             message = "[the server's message quoted the request's text; withheld]"
         text = f"System One returned {status}: {message}"
         if status == 401:
+            if self._key is None:
+                text += " (no API key was sent: pass api_key=... or set TYPESAFE_API_KEY to the server's key)"
             return JevAuthenticationError(text, status_code=status)
         if status == 403:
             return JevPermissionDeniedError(text, status_code=status)
@@ -314,14 +326,18 @@ class JevClient:
         return JevAPIError(text, status_code=status)
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._key, _REDACTED)
+        return text.replace(self._key, _REDACTED) if self._key is not None else text
 
     def _headers(self) -> dict[str, str]:
-        return {
-            "Authorization": f"Bearer {self._key}",
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-        }
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._key is not None:
+            headers["Authorization"] = f"Bearer {self._key}"
+        return headers
+
+    @property
+    def origin(self) -> str:
+        """``scheme://host:port`` of the server, for messages: never a path, query or credentials."""
+        return origin(self.base_url)
 
     # --- sync I/O -------------------------------------------------------------------------
 
@@ -354,7 +370,7 @@ class JevClient:
         try:
             return self._sync_client().post(self.endpoint, content=step.body, timeout=step.timeout)
         except httpx.HTTPError as error:
-            return _transport_error(error)
+            return _transport_error(error, self.origin)
 
     def _sync_client(self) -> httpx.Client:
         # The selector calls from several threads at once: one pool, created once.
@@ -402,7 +418,7 @@ class JevClient:
         try:
             return await client.post(self.endpoint, content=step.body, timeout=step.timeout)
         except httpx.HTTPError as error:
-            return _transport_error(error)
+            return _transport_error(error, self.origin)
 
     def _async_client(self) -> httpx.AsyncClient:
         # An AsyncClient's pool belongs to the event loop that opened it: one per loop, so a

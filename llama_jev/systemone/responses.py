@@ -3,6 +3,7 @@ with any echo of the request's own text withheld, and ``Retry-After`` parsed."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from email.utils import parsedate_to_datetime
@@ -21,13 +22,54 @@ from llama_jev.systemone.wire import SystemOneRequest
 _MAX_MESSAGE = 500
 _REDACTED = "[redacted]"
 
-def _transport_error(error: httpx.HTTPError) -> JevAPIError:
+
+def is_loopback(base_url: str) -> bool:
+    """Whether ``base_url`` names this machine: ``localhost``, ``127.0.0.0/8`` or ``::1``.
+
+    Example:
+        >>> is_loopback("http://127.0.0.1:8000"), is_loopback("https://api.typesafe.ai")
+        (True, False)
+    """
+    host = httpx.URL(base_url).host.casefold().rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def origin(base_url: str) -> str:
+    """``scheme://host:port`` of ``base_url``: what a message may name of a server.
+
+    Never its path (it can hold a tenant or a token) nor userinfo (a password).
+
+    Example:
+        >>> origin("https://user:pw@judge.example/tenant-7/v1")
+        'https://judge.example:443'
+    """
+    url = httpx.URL(base_url)
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    port = url.port if url.port is not None else (443 if url.scheme == "https" else 80)
+    return f"{url.scheme}://{host}:{port}"
+
+
+def _transport_error(error: httpx.HTTPError, server: str) -> JevAPIError:
+    """The typed error for a failure below HTTP, naming ``server`` (an :func:`origin`)."""
     kind = type(error).__name__
     if isinstance(error, httpx.TimeoutException):
-        return JevTimeoutError(f"the System One attempt timed out ({kind})", retryable=True)
+        return JevTimeoutError(f"the System One attempt to {server} timed out ({kind})", retryable=True)
+    if isinstance(error, httpx.ConnectError):
+        return JevConnectionError(
+            f"could not connect to the System One server at {server} ({kind}): is it running there, "
+            "and are base_url / TYPESAFE_BASE_URL right?",
+            retryable=True,
+        )
     if isinstance(error, httpx.TransportError):
-        return JevConnectionError(f"could not reach the System One server or read its answer ({kind})", retryable=True)
-    return JevConnectionError(f"the HTTP exchange failed ({kind})", retryable=True)
+        return JevConnectionError(
+            f"could not reach the System One server at {server} or read its answer ({kind})", retryable=True
+        )
+    return JevConnectionError(f"the HTTP exchange with {server} failed ({kind})", retryable=True)
 
 
 # A server message sharing this many consecutive characters with the request's texts is taken to

@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -88,6 +88,9 @@ class SystemOneTestServer:
             :meth:`received_text` (default). ``False`` for a long-running server such as
             ``llama_jev.serve``: nothing is kept, so memory does not grow with traffic and no
             passage text or key stays in memory; the counters still count.
+        on_request: called with each :class:`RecordedRequest` once it is answered (also with
+            ``keep_requests=False``), in the thread that served it; ``llama_jev.serve`` prints its
+            request log from it. What it raises is ignored: a log line never fails a request.
 
     Routes: ``POST /v1/systemone``, ``GET /v1/models``; anything else gets a JSON 404 (or 405).
     Faults (:meth:`inject`, :meth:`inject_always`) apply only to ``POST /v1/systemone``
@@ -123,6 +126,7 @@ class SystemOneTestServer:
         in_flight_limit: int | None = None,
         limit_retry_after: float = 0.1,
         keep_requests: bool = True,
+        on_request: Callable[[RecordedRequest], None] | None = None,
     ) -> None:
         if judge is not None and answer is not None:
             raise ValueError("pass an answer function or a judge, not both")
@@ -144,6 +148,7 @@ class SystemOneTestServer:
         self._faults: deque[Fault] = deque()
         self._always: Fault | None = None
         self._keep_requests = keep_requests
+        self._on_request = on_request
         self._requests: list[RecordedRequest] = []
         self._request_count = 0
         self._rate_limited_count = 0
@@ -413,6 +418,9 @@ class SystemOneTestServer:
                 self._rate_limited_count += 1
             if self._keep_requests:
                 self._requests.append(record)
+        if self._on_request is not None:
+            with contextlib.suppress(Exception):
+                self._on_request(record)
 
     def _route(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, parsed: Any, fault: Fault | None

@@ -9,6 +9,7 @@ writes), read through :class:`~llama_jev.stores.postgres.AclPGVectorStore`, into
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Mapping
@@ -20,13 +21,23 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from examples.refund_policy import kb, store
 from examples.refund_policy.ingest import Ingestion
 
-__all__ = ["database_url", "describe", "ensure_table", "open_index"]
+__all__ = ["database_url", "describe", "ensure_table", "open_index", "table_name"]
 
 
 def database_url(environ: Mapping[str, str] | None = None) -> str | None:
     """``DATABASE_URL`` when set (PostgreSQL is then used instead of Qdrant), else ``None``."""
     environ = os.environ if environ is None else environ
     return environ.get("DATABASE_URL", "").strip() or None
+
+
+def table_name(embed_model: BaseEmbedding) -> str:
+    """One table per embedding model, as with Qdrant collections, within PostgreSQL's 63-character names.
+
+    ``PGVectorStore`` prefixes ``data_``; the digest keeps two long model names from colliding.
+    """
+    collection = store.collection_name(embed_model)
+    slug = collection.removeprefix(f"{store.COLLECTION_PREFIX}__")[:40]
+    return f"refund_{slug}_{hashlib.sha256(collection.encode()).hexdigest()[:8]}"
 
 
 def _urls(url: str) -> tuple[str, str]:
@@ -45,7 +56,7 @@ def describe(url: str, embed_model: BaseEmbedding) -> str:
     from sqlalchemy.engine import make_url
 
     where = make_url(url).set(drivername="postgresql").render_as_string(hide_password=True)
-    return f"PostgreSQL + pgvector at {where}, table data_{store.collection_name(embed_model)} (AclPGVectorStore)"
+    return f"PostgreSQL + pgvector at {where}, table data_{table_name(embed_model)} (AclPGVectorStore)"
 
 
 def _store(url: str, embed_model: BaseEmbedding) -> Any:
@@ -55,7 +66,7 @@ def _store(url: str, embed_model: BaseEmbedding) -> Any:
     return AclPGVectorStore(
         connection_string=sync_url,
         async_connection_string=async_url,
-        table_name=store.collection_name(embed_model),
+        table_name=table_name(embed_model),
         embed_dim=len(embed_model.get_text_embedding("dimension probe")),
         # Fail on the first call when the server is unreachable or lacks pgvector, with the cause.
         initialization_fail_on_error=True,
@@ -89,7 +100,7 @@ def ensure_table(url: str, embed_model: BaseEmbedding, *, rebuild: bool = False)
     finally:
         vector_store._engine.dispose()
     return Ingestion(
-        collection=f"data_{store.collection_name(embed_model)}",
+        collection=f"data_{table_name(embed_model)}",
         points=rows,
         built=built,
         seconds=time.perf_counter() - started,

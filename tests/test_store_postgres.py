@@ -159,3 +159,49 @@ def test_a_caller_without_a_tenant_reads_nothing_where_the_acl_checks_tenants(
     store = AclPGVectorStore(**kwargs)
     nobody = RuntimeContext(user_id="u1", roles={"admin", "support"})
     assert store.query(query(FULL_ACL, nobody, VectorStoreQueryMode.DEFAULT, own_filter=False)).ids == []
+
+
+# JSON text LlamaIndex never writes but a hand-made row can hold: numbers in exponent form (JSONB
+# stores 1e0 as 1, JSON keeps the text; Python reads either back as it is stored), escaped
+# strings, duplicate keys (the last one counts, in PostgreSQL as in Python).
+HAND_WRITTEN = [
+    '{"tenant": "acme", "public": 1}',
+    '{"tenant": "acme", "public": 1e0}',
+    '{"tenant": "acme", "public": 1E0}',
+    '{"tenant": "acme", "public": 0.1e1}',
+    '{"tenant": "acme", "public": 1.0}',
+    '{"tenant": "acme", "public": -1}',
+    '{"tenant": "\\u0061cme", "public": true}',
+    '{"tenant": "acme", "tenant": "globex", "public": "true"}',
+    '{"tenant": "globex", "tenant": "acme", "public": "true"}',
+    '{"tenant": "acme", "users": ["u1", "\\u0075\\u0031"], "public": false}',
+    '{"tenant": "acme", "users": "u1", "users": 3, "public": "true"}',
+    '{"tenant": "acme", "roles": [], "public": null}',
+]
+
+
+@pytest.mark.parametrize("use_jsonb", [False, True], ids=["json", "jsonb"])
+def test_hand_written_json_is_judged_as_python_reads_it_back(postgres_server: PostgresServer, use_jsonb: bool) -> None:
+    table = f"acl_hand_{'jsonb' if use_jsonb else 'json'}"
+    store = AclPGVectorStore(**store_kwargs(postgres_server, table, embed_dim=2, use_jsonb=use_jsonb))
+    store._initialize()
+    assert store._engine is not None
+    with store._engine.begin() as connection:
+        for i, text in enumerate(HAND_WRITTEN):
+            connection.execute(
+                sqlalchemy.text(
+                    f"INSERT INTO data_{table} (node_id, text, metadata_, embedding) "
+                    "VALUES (:node_id, 'hand written', CAST(:metadata AS JSON), '[0.5, 0.5]')"
+                ),
+                {"node_id": f"hand-{i}", "metadata": text},
+            )
+        rows = connection.exec_driver_sql(f"SELECT node_id, metadata_ FROM data_{table}").all()
+    acl = MetadataAcl(tenant_key="tenant", users_key="users", roles_key="roles", public_key="public")
+    for ctx in (RuntimeContext(user_id="u1", tenant_id="acme"), RuntimeContext(user_id="u2", tenant_id="globex")):
+        got = set(
+            store.query(
+                VectorStoreQuery(query_embedding=[0.5, 0.5], similarity_top_k=50, filters=acl_filters(acl, ctx))
+            ).ids
+        )
+        assert got == {node_id for node_id, metadata in rows if acl.allows(ctx, metadata)}
+    store._engine.dispose()

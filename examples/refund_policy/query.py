@@ -28,7 +28,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.vector_stores.qdrant import QdrantVectorStore
 from qdrant_client import AsyncQdrantClient, QdrantClient
 
-from examples.refund_policy import kb, store
+from examples.refund_policy import kb, postgres, store
 from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
 from examples.refund_policy.models import Choice, choose_embedding, choose_judge
@@ -290,7 +290,8 @@ Next steps:
   - Set TYPESAFE_API_KEY to judge with TypeSafe's Jev (TYPESAFE_BASE_URL for another System One server).
   - Or serve the offline judge over HTTP: python -m llama_jev.serve --judge local --port 8000, then run
     this with TYPESAFE_BASE_URL=http://127.0.0.1:8000 (the same judge, through JevClient).
-  - Set QDRANT_URL (and QDRANT_API_KEY if needed) to use a Qdrant server, e.g. docker/docker-compose.yml.
+  - Set QDRANT_URL (and QDRANT_API_KEY if needed) to use a Qdrant server, e.g. docker/docker-compose.yml,
+    or DATABASE_URL=postgresql://... to use PostgreSQL + pgvector through AclPGVectorStore (postgres extra).
   - Wrap your own retriever the same way: JevRetriever(retriever, CandidateSelector(judge, options), acl)."""
 
 
@@ -320,7 +321,13 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
     started = time.perf_counter()  # the local judge loads its models when it is built
     embedding = choose_embedding()
     judge = choose_judge(embedding.component)
-    print(render_header(store.describe(store.client_options(args.storage)), embedding, judge, args.question))
+    database = postgres.database_url()
+    where = (
+        postgres.describe(database, embedding.component)
+        if database
+        else store.describe(store.client_options(args.storage))
+    )
+    print(render_header(where, embedding, judge, args.question))
 
     print()
     # Once, up front, so the first query's latency is the query's own.
@@ -331,6 +338,9 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
         for part in local_models:
             part.load()
         print(f"Loaded the local models in {time.perf_counter() - started:.2f} s")
+
+    if database:
+        return _run_on_postgres(database, args, users, embedding.component, judge, ingest=ingest_if_missing)
 
     if ingest_if_missing or args.rebuild:
         # Step 1, with its own client, closed before step 2 reopens the folder (Qdrant local
@@ -372,6 +382,36 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
     if failed is not None:
         print(f"\n{failed}", file=sys.stderr)
         return EXIT_EVERY_JUDGEMENT_FAILED
+    return 0
+
+
+def _run_on_postgres(
+    database: str, args: argparse.Namespace, users: list[kb.User], embed_model: BaseEmbedding, judge: Choice,
+    *, ingest: bool,
+) -> int:  # fmt: skip
+    """The same walkthrough over PostgreSQL + pgvector (``DATABASE_URL``), through ``AclPGVectorStore``."""
+    if ingest or args.rebuild:
+        done = postgres.ensure_table(database, embed_model, rebuild=args.rebuild)
+        if done.built:
+            print(f"Ingested {done.points} documents into {done.collection!r} in {done.seconds:.2f} s")
+        else:
+            print(f"Table {done.collection!r} already holds {done.points} rows: not re-ingested")
+    with ExitStack() as stack:
+        close = getattr(judge.component, "close", None)
+        if callable(close):
+            stack.callback(close)
+        started = time.perf_counter()
+        index, rows = postgres.open_index(database, embed_model)
+        if rows == 0:
+            print("\nThe table is empty: run `python -m examples.refund_policy` (it ingests when needed)")
+            return 2
+        print(f"Reopened {rows} rows in {time.perf_counter() - started:.2f} s (nothing re-embedded)")
+        for user in users:
+            print(f"\n{user_heading(user)}")
+            print(render_acl(user))
+            for mode in (Mode.SHADOW, Mode.ENFORCE):
+                print(render(ask(index, judge.component, user, mode, args.question)))
+    print(f"\n{FOOTER}")
     return 0
 
 

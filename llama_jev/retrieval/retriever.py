@@ -50,10 +50,13 @@ class JevRetriever(BaseRetriever):
             read never leave the store: they do not crowd authorized ones out of the candidates,
             and the wrapped retriever's own instrumentation events (``RetrievalEndEvent``) carry
             only readable nodes. Needs a :class:`MetadataAcl` and a ``VectorIndexRetriever`` over
-            Qdrant (as metadata filters, ANDed with the retriever's own) or the in-memory
+            Qdrant (as metadata filters, ANDed with the retriever's own), the in-memory
             ``SimpleVectorStore`` (as a node-id restriction computed by the same ACL from the
-            store's metadata, so any configuration and any own flat filters work). The
-            post-filter stays on. Defaults to ``False``; :meth:`from_index` turns it on for both.
+            store's metadata, so any configuration and any own flat filters work) or an
+            ``AclPGVectorStore`` (as one SQL clause of bound parameters, ANDed with the
+            retriever's own filters). The post-filter stays on. Defaults to ``False``;
+            :meth:`from_index` turns it on for all three. Without it, over a plain
+            ``PGVectorStore``, the retriever warns once that ``AclPGVectorStore`` would push down.
 
     Recall expansion: a retriever with a ``similarity_top_k`` (VectorIndexRetriever, Qdrant,
     BM25, ...) is asked, per query and on a private shallow copy, for ``max(candidate_limit,
@@ -96,6 +99,10 @@ class JevRetriever(BaseRetriever):
         # no adapter speaks cannot be asked, so the nodes that come back are checked instead.
         self._census = stores.adapter_for(retriever) if isinstance(acl, MetadataAcl) else None
         self._keys_checked = self._census is None
+        advice = None if prefilter else stores.advice_for(retriever)
+        if advice is not None:
+            # Once per retriever: said when it is built, not per query.
+            logging.getLogger("llama_jev").warning("JevRetriever: %s", advice)
         # Once per retriever (not per process): every retriever over a sync-only store is told.
         self._warned_sync_only = threading.Event()
         self.retriever = retriever
@@ -118,9 +125,10 @@ class JevRetriever(BaseRetriever):
     ) -> JevRetriever:
         """Wrap ``index.as_retriever(similarity_top_k=top_k, **retriever_kwargs)``.
 
-        ``prefilter`` defaults to on for a :class:`MetadataAcl` over Qdrant or the in-memory
-        store (the store pre-filters, the ACL post-filters again), off otherwise (logged once at
-        INFO: then the wrapped retriever's events carry nodes the caller may not read).
+        ``prefilter`` defaults to on for a :class:`MetadataAcl` over Qdrant, the in-memory store
+        or an ``AclPGVectorStore`` (the store pre-filters, the ACL post-filters again), off
+        otherwise (logged once at INFO: then the wrapped retriever's events carry nodes the caller
+        may not read; over a plain ``PGVectorStore``, once at WARNING naming ``AclPGVectorStore``).
         ``question`` is the yes/no question asked per node. A keyword the index's retriever does
         not take is a ``TypeError`` (LlamaIndex would swallow a misspelled one silently).
 
@@ -132,7 +140,8 @@ class JevRetriever(BaseRetriever):
         if prefilter is None:
             # On by default wherever the store applies the ACL exactly.
             prefilter = isinstance(acl, MetadataAcl) and stores.adapter_for(inner) is not None
-            if not prefilter:
+            # A store with advice (a plain PGVectorStore) gets its WARNING from the constructor instead.
+            if not prefilter and stores.advice_for(inner) is None:
                 logger.info(
                     "JevRetriever.from_index: the ACL is applied after retrieval only (no pushdown for %s with %s); "
                     "the wrapped retriever's RetrievalEndEvent carries nodes the caller may not read",

@@ -1,6 +1,6 @@
 """Layer 2, the store adapters: the ACL pushed down into each vector store pushdown speaks.
 
-One module per store (``memory``, ``qdrant``). Each recognises its vector store and turns a
+One module per store (``memory``, ``qdrant``, ``postgres``). Each recognises its vector store and turns a
 ``(MetadataAcl, RuntimeContext)`` into that store's native restriction, with every value
 bound by the store's client, never pasted into a query string. ``JevRetriever`` asks this
 package; it holds no store-specific code.
@@ -17,17 +17,27 @@ from llama_jev.acl.rules import Acl, MetadataAcl
 from llama_jev.stores import qdrant
 from llama_jev.stores.base import KeyCensus, Pushdown, Seen
 from llama_jev.stores.memory import MemoryPushdown
+from llama_jev.stores.postgres import PostgresPushdown
 from llama_jev.stores.qdrant import QdrantPushdown
 
-__all__ = ["ADAPTERS", "KeyCensus", "Pushdown", "adapter_for", "aretrieve", "pushdown_for"]
+__all__ = ["ADAPTERS", "KeyCensus", "Pushdown", "adapter_for", "advice_for", "aretrieve", "pushdown_for"]
 
-ADAPTERS: tuple[type[Pushdown], ...] = (MemoryPushdown, QdrantPushdown)
+ADAPTERS: tuple[type[Pushdown], ...] = (MemoryPushdown, QdrantPushdown, PostgresPushdown)
 """Every store adapter, asked in order which one speaks a retriever's store."""
 
 
 def adapter_for(retriever: BaseRetriever) -> type[Pushdown] | None:
     """The adapter that speaks ``retriever``'s store, or ``None`` when pushdown does not."""
     return next((adapter for adapter in ADAPTERS if adapter.recognises(retriever)), None)
+
+
+def advice_for(retriever: BaseRetriever) -> str | None:
+    """What to use instead when ``retriever``'s store could have pushdown in another form, else ``None``.
+
+    E.g. a plain ``PGVectorStore``, whose SQL pastes filter values: ``AclPGVectorStore`` pushes
+    the ACL down safely.
+    """
+    return next((advice for adapter in ADAPTERS if (advice := adapter.advice(retriever)) is not None), None)
 
 
 def pushdown_for(retriever: BaseRetriever, acl: Acl, seen: Seen) -> Pushdown:
@@ -43,9 +53,14 @@ def pushdown_for(retriever: BaseRetriever, acl: Acl, seen: Seen) -> Pushdown:
     adapter = adapter_for(retriever)
     if adapter is None:
         names = ", ".join(adapter.name for adapter in ADAPTERS)
+        advice = advice_for(retriever)
         raise TypeError(
             f"prefilter supports these stores: {names}; {type(retriever).__name__} reads none of them "
-            "(pass your own filters to the wrapped retriever, the ACL still checks every node)"
+            + (
+                f"({advice})"
+                if advice
+                else "(pass your own filters to the wrapped retriever, the ACL still checks every node)"
+            )
         )
     return adapter(retriever, acl, seen)
 

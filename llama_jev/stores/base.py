@@ -68,6 +68,15 @@ class Pushdown(ABC):
     def recognises(cls, retriever: BaseRetriever) -> bool:
         """Whether ``retriever`` reads a store this adapter speaks, in a way it can restrict."""
 
+    @classmethod
+    def advice(cls, retriever: BaseRetriever) -> str | None:
+        """Why pushdown is off for ``retriever``'s store although this adapter's store could have it.
+
+        ``None`` (the default) when there is nothing to say; else one sentence naming what to use
+        instead, which ``JevRetriever`` logs once at WARNING when it runs without pushdown.
+        """
+        return None
+
     @abstractmethod
     def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
         """Restrict ``upstream`` (this query's copy of the retriever) to the nodes ``ctx`` may read."""

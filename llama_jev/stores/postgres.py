@@ -1,0 +1,95 @@
+"""Pushdown into PostgreSQL + pgvector: the ACL as one bound SQL clause of ``AclPGVectorStore``.
+
+LlamaIndex's stock ``PGVectorStore`` pastes ``MetadataFilter`` values into its SQL text, so the
+ACL is never handed to it as filters (a tenant ``x' OR 1=1 --`` returned every row of a 10,000-row
+table). Instead the retriever's query carries :class:`AclFilters`, which only
+:class:`AclPGVectorStore` understands: it turns them into SQLAlchemy expressions with every value
+bound (``llama_jev.stores.postgres_sql``), AND-ed with the caller's own filters.
+
+``AclPGVectorStore`` needs the ``postgres`` extra; this module does not, so ``llama_jev``
+imports without it (the class is loaded on first access).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.vector_stores.types import FilterCondition, MetadataFilters
+
+from llama_jev.core.identity import RuntimeContext
+from llama_jev.stores.base import KeyCensus, Pushdown, vector_store_of
+from llama_jev.stores.postgres_sql import AclFilters, acl_filters
+
+if TYPE_CHECKING:
+    from llama_jev.stores.postgres_store import AclPGVectorStore
+
+__all__ = ["AclFilters", "AclPGVectorStore", "PostgresPushdown", "acl_filters"]
+
+_STORE_MODULE = "llama_jev.stores.postgres_store"
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: `from llama_jev.stores.postgres import AclPGVectorStore` loads the store (and the
+    # postgres extra) only when asked for; the ImportError names the extra to install.
+    if name == "AclPGVectorStore":
+        from llama_jev.stores.postgres_store import AclPGVectorStore
+
+        return AclPGVectorStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_acl_store(store: Any) -> bool:
+    """Whether ``store`` is an ``AclPGVectorStore`` (one can exist only once its module is loaded)."""
+    module = sys.modules.get(_STORE_MODULE)
+    return module is not None and isinstance(store, module.AclPGVectorStore)
+
+
+def is_plain_pgvector(store: Any) -> bool:
+    """Whether ``store`` is LlamaIndex's ``PGVectorStore`` (or a subclass) but not an ``AclPGVectorStore``."""
+    if store is None or is_acl_store(store):
+        return False
+    return any(
+        cls.__name__ == "PGVectorStore" and cls.__module__.startswith("llama_index.vector_stores.postgres")
+        for cls in type(store).__mro__
+    )
+
+
+class PostgresPushdown(Pushdown):
+    """The ACL as :class:`AclFilters` AND-ed with the retriever's own ``filters``, for ``AclPGVectorStore``."""
+
+    name: ClassVar[str] = "postgres"
+
+    @classmethod
+    def recognises(cls, retriever: BaseRetriever) -> bool:
+        return is_acl_store(vector_store_of(retriever)) and hasattr(retriever, "_filters")
+
+    @classmethod
+    def advice(cls, retriever: BaseRetriever) -> str | None:
+        if not is_plain_pgvector(vector_store_of(retriever)):
+            return None
+        return (
+            "the ACL is applied after retrieval only over a plain PGVectorStore: denied nodes take top-k slots and "
+            "the wrapped retriever's events carry them. The stock store pastes filter values into its SQL, so the "
+            "ACL is not pushed into it. Wrap the same table with llama_jev.stores.postgres.AclPGVectorStore "
+            "(same constructor and from_params, no re-ingestion) to push it down as bound parameters."
+        )
+
+    def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
+        existing: MetadataFilters | None = getattr(self.retriever, "_filters", None)
+        restriction = acl_filters(self.acl, ctx)
+        # The caller's own filters still apply: both must hold.
+        combined = (
+            restriction
+            if existing is None
+            else MetadataFilters(filters=[existing, restriction], condition=FilterCondition.AND)
+        )
+        upstream._filters = combined  # type: ignore[attr-defined]
+
+    @classmethod
+    def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
+        """One ``LIMIT 1`` query per configured key asks whether any row holds it. Names keys only."""
+        census: KeyCensus = vector_store_of(retriever).key_census(keys)
+        return census

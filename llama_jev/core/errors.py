@@ -27,6 +27,7 @@ __all__ = [
     "JevServerError",
     "JevTimeoutError",
     "EvidenceTooLargeError",
+    "LocalJudgeTimeoutError",
     "MissingRuntimeContextError",
     "ResponseWithheldError",
     "QueryTooLargeError",
@@ -105,6 +106,23 @@ class JevServerError(JevAPIError):
 
 class JevTimeoutError(JevAPIError, TimeoutError):
     """An attempt, or the whole call, ran out of time (also 408). Retried while budget remains."""
+
+
+class LocalJudgeTimeoutError(JevTimeoutError):
+    """A judge that runs in this process (the offline judge) needed more than the judgement's budget.
+
+    Not retryable: nothing was slow to answer, the work itself takes longer than the budget on
+    this machine, and would again. Raise ``ExecutionOptions(budget=...)`` or judge fewer or
+    shorter candidates. ``budget`` (seconds) and ``candidates`` say what was asked.
+    """
+
+    def __init__(self, *, budget: float, candidates: int) -> None:
+        self.budget = budget
+        self.candidates = candidates
+        super().__init__(
+            f"the local judge needed more than the {budget:g} s budget for {candidates} candidates; raise `budget=`",
+            retryable=False,
+        )
 
 
 class JevConnectionError(JevAPIError, ConnectionError):

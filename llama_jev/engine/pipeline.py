@@ -18,7 +18,12 @@ from llama_index_instrumentation import get_dispatcher
 from llama_jev.acl.diagnostics import diagnose_denials
 from llama_jev.acl.rules import Acl, MetadataAcl, check_acl
 from llama_jev.core.context import RuntimeContext, resolve_runtime_context
-from llama_jev.core.errors import JevAPIError, RetrievalInconclusiveError, RetrievalUnavailableError
+from llama_jev.core.errors import (
+    JevAPIError,
+    LocalJudgeTimeoutError,
+    RetrievalInconclusiveError,
+    RetrievalUnavailableError,
+)
 from llama_jev.core.records import Decision, DecisionRecord, Mode, Reason, Status
 from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
 
@@ -233,6 +238,8 @@ class JudgeFailure:
     error_type: str
     status_code: int | None
     retryable: bool
+    # What failed, when the error says it better than the reason's headline (an in-process timeout).
+    detail: str | None = None
 
     @property
     def summary(self) -> str:
@@ -244,7 +251,7 @@ class JudgeFailure:
     def message(self) -> str:
         """The message of :class:`RetrievalUnavailableError`: what failed, whether to retry, what to do."""
         status = f"HTTP {self.status_code}" if self.status_code is not None else "no HTTP status"
-        what = _HEADLINES.get(self.reason, "the relevance judge failed")
+        what = self.detail or _HEADLINES.get(self.reason, "the relevance judge failed")
         return (
             f"{what} ({self.reason}: {self.error_type}, {status}); this is not an empty result, the "
             f"knowledge base was not searched to a conclusion. {self._advice()}"
@@ -257,6 +264,11 @@ class JudgeFailure:
             return "Retrying will not help: shorten the query."
         if self.reason == "UNENCODABLE_TEXT":
             return "Retrying will not help: repair the lone surrogate where the text is decoded or ingested."
+        if self.reason == "TIMEOUT" and self.detail is not None:
+            return (
+                "Retrying will not help: the judge runs in this process and the same work takes as long again; "
+                "raise ExecutionOptions(budget=...) or judge fewer or shorter candidates."
+            )
         if self.retryable:
             return "Retrying later may help (the judge timed out, was rate limited, overloaded or unreachable)."
         return f"Retrying will not help: {_not_retryable_advice(self.status_code)}"
@@ -293,6 +305,15 @@ def describe_failure(decision: Decision) -> JudgeFailure:
     """
     error = decision.error
     status_code = error.status_code if isinstance(error, JevAPIError) else None
+    if isinstance(error, LocalJudgeTimeoutError):
+        # The judge computes in this process: the same work would run out of the same budget again.
+        return JudgeFailure(
+            reason=decision.reason.value,
+            error_type=type(error).__name__,
+            status_code=None,
+            retryable=False,
+            detail=error.message,
+        )
     if isinstance(error, JevAPIError):
         retryable = error.retryable or decision.reason is Reason.TIMEOUT
     else:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from llama_jev.core.errors import (
     CandidateTooLargeError,
     JevInvalidResponseError,
+    LocalJudgeTimeoutError,
     MissingRuntimeContextError,
     QueryTooLargeError,
     UnencodableTextError,
@@ -34,7 +35,7 @@ from llama_jev.core.records import (
     Status,
 )
 from llama_jev.systemone.governor import QueueWait, reporting_queue_wait
-from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge
+from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge, runs_in_process
 from llama_jev.systemone.threads import BoundedCalls
 from llama_jev.systemone.wire import (
     Instructions,
@@ -275,6 +276,11 @@ class CandidateSelector:
 
     def _failed(self, plan: _Plan, budget: Budget, error: BaseException) -> Decision:
         reason = Reason.TIMEOUT if isinstance(error, TimeoutError) else Reason.CALL_OR_RESPONSE_ERROR
+        if reason is Reason.TIMEOUT and runs_in_process(self.judge) and not isinstance(error, LocalJudgeTimeoutError):
+            # Nothing remote was slow: the judge's own work outgrew the budget, and would again.
+            timed_out = error
+            error = LocalJudgeTimeoutError(budget=self.options.budget, candidates=plan.count)
+            error.__cause__ = timed_out
         record = self._record(plan, budget, Status.ERROR, reason)
         return Decision(status=Status.ERROR, reason=reason, record=record, error=error)
 

@@ -19,6 +19,7 @@ from llama_jev.local.weights import (
     _FORWARD_LOCK,
     _SPECIAL_TOKENS,
     Vectors,
+    _batches,
     _check_installed,
     _import_optional,
     _LoadedOnce,
@@ -99,7 +100,7 @@ class MiniLMEncoder(_LoadedOnce):
 
     def _build(self) -> _Model:
         model_path = self._model_path if self._model_path is not None else self._default_model_path()
-        session = weights._session(model_path, self.intra_op_num_threads)
+        session = weights._session(model_path, self.intra_op_num_threads, int8=self._int8)
         names = frozenset(str(node.name) for node in session.get_inputs())
         outputs = {str(node.name) for node in session.get_outputs()}
         if not {"input_ids", "attention_mask"} <= names or self._output_name not in outputs:
@@ -201,8 +202,8 @@ class MiniLMEncoder(_LoadedOnce):
     ) -> Vectors:
         """Embed windows already cut from token ids (each at most ``max_tokens - 2`` long).
 
-        ``deadline`` as in :meth:`encode_windows`; ``batch_size`` overrides the encoder's (1 makes
-        each vector independent of the other windows: int8 activations are quantised per batch).
+        ``deadline`` as in :meth:`encode_windows`; ``batch_size`` overrides the encoder's most
+        windows per forward pass. Each vector is independent of the other windows of its pass.
         """
         content = self.max_tokens - _SPECIAL_TOKENS
         if any(len(window) > content for window in windows):
@@ -229,14 +230,13 @@ class MiniLMEncoder(_LoadedOnce):
         batch_size: int | None = None,
     ) -> Vectors:
         out = np.zeros((len(windows), self.dimension), dtype=np.float32)
-        size = batch_size or self.batch_size
-        # Similar lengths share a batch, so little of each forward pass is spent on padding.
-        order = sorted(range(len(windows)), key=lambda index: len(windows[index]))
-        for start in range(0, len(order), size):
+        batches = _batches([len(window) + _SPECIAL_TOKENS for window in windows], rows=batch_size or self.batch_size)
+        done = 0
+        for batch in batches:
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"the deadline passed with {len(order) - start} of {len(order)} windows left")
-            batch = order[start : start + size]
+                raise TimeoutError(f"the deadline passed with {len(windows) - done} of {len(windows)} windows left")
             out[batch] = self._forward_batch(model, [windows[index] for index in batch])
+            done += len(batch)
         return out
 
     def _forward_batch(self, model: _Model, windows: Sequence[list[int]]) -> Vectors:

@@ -39,6 +39,8 @@ class _PassageJudge:
 
     model: str
     accepted_questions: frozenset[str] | None
+    # The model runs in this process: running out of budget is not retryable (see Judge).
+    in_process: Final = True
 
     def _probabilities(self, query: str, passages: list[str], deadline: float | None) -> list[float]:
         raise NotImplementedError

@@ -3,14 +3,16 @@ calibrated on the labelled pairs the project ships."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
 from importlib import resources
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,7 +20,7 @@ from numpy.typing import NDArray
 from llama_jev.local.cross_encoder import MarcoCrossEncoder, _logistic
 from llama_jev.local.minilm import BgeSmallEncoder, MiniLMEncoder, ParaphraseMiniLMEncoder, _windows
 from llama_jev.local.passages import _check_accepted, _PassageJudge, _QueryCache
-from llama_jev.local.weights import _INSTALL_HINT, _SPECIAL_TOKENS, Vectors
+from llama_jev.local.weights import _INSTALL_HINT, _SPECIAL_TOKENS, Vectors, _LoadedOnce
 from llama_jev.systemone.judge import RELEVANCE_QUESTION
 
 _PARAMETERS_ASSET = "assets/local_judge.json"
@@ -29,12 +31,17 @@ DEFAULT_WINDOW_OVERLAP: Final = 32
 """Tokens shared by consecutive windows: any sentence of up to 32 tokens lies whole in one window."""
 FEATURES: Final = ("cross_encoder_logit", "bge_cosine", "minilm_cosine", "paraphrase_cosine")
 """The signals :class:`LocalRelevanceJudge` combines, in order."""
-# The most windows of one passage in one forward pass.
-_PASSAGE_BATCH: Final = 16
+# The most windows in one forward pass (the token bound of weights._batches usually decides first).
+_PASS_ROWS: Final = 64
 
 
-def _batch(windows: Sequence[list[int]]) -> int:
-    return max(1, min(len(windows), _PASSAGE_BATCH))
+class _QuerySide(NamedTuple):
+    """A query's token ids, and either its window vectors (bge, MiniLM, paraphrase) or, before they
+    are computed, the windows to embed for each of those three models."""
+
+    ids: list[int]
+    windows: tuple[list[list[int]], list[list[int]], list[list[int]]]
+    vectors: tuple[Vectors, Vectors, Vectors] | None = None
 
 
 def load_parameters() -> dict[str, Any]:
@@ -179,9 +186,12 @@ class LocalRelevanceJudge(_PassageJudge):
 
     def load(self) -> None:
         """Load the four models (construction already does; a no-op once they are loaded)."""
-        for encoder in (self.bge, self.encoder, self.paraphrase):
-            encoder.load()
-        self.cross_encoder.load()
+        models: list[_LoadedOnce] = [self.cross_encoder, self.bge, self.encoder, self.paraphrase]
+        # Two at a time: hashing, dequantising and onnxruntime's session set-up release the GIL,
+        # so on two cores the four load in about half the time.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="llama-jev-load") as pool:
+            for loading in [pool.submit(model.load) for model in models]:
+                loading.result()
 
     def window_count(self, passage: str) -> int:
         """How many windows (rows of every model's forward pass) ``passage`` takes."""
@@ -191,20 +201,14 @@ class LocalRelevanceJudge(_PassageJudge):
     def _cut(self, ids: list[int]) -> list[list[int]]:
         return _windows(ids, size=self.window_tokens, step=self.window_tokens - self.window_overlap)
 
-    def _query_side(self, query: str, deadline: float | None) -> tuple[list[int], Vectors, Vectors, Vectors]:
-        cached: tuple[list[int], Vectors, Vectors, Vectors] | None = self._queries.get(query)
+    def _query_side(self, query: str) -> _QuerySide:
+        """The query's token ids and, when not cached, the windows each bi-encoder must embed for it."""
+        cached: _QuerySide | None = self._queries.get(query)
         if cached is not None:
             return cached
         query_ids, prefixed_ids = self.encoder.token_ids([query, self.bge.query_prefix + query])
         query_windows = self._cut(query_ids)
-        cached = (
-            query_ids,
-            self.bge.encode_token_windows(self._cut(prefixed_ids), deadline=deadline, batch_size=1),
-            self.encoder.encode_token_windows(query_windows, deadline=deadline, batch_size=1),
-            self.paraphrase.encode_token_windows(query_windows, deadline=deadline, batch_size=1),
-        )
-        self._queries.put(query, cached)
-        return cached
+        return _QuerySide(query_ids, (self._cut(prefixed_ids), query_windows, query_windows))
 
     def window_features(
         self, query: str, passages: Sequence[str], *, deadline: float | None = None
@@ -220,32 +224,28 @@ class LocalRelevanceJudge(_PassageJudge):
         present = [passage for passage in passages if passage.strip()]
         if not query.strip() or not present:
             return [empty for _ in passages]
-        query_ids, bge_query, minilm_query, paraphrase_query = self._query_side(query, deadline)
+        side = self._query_side(query)
         cuts = [self._cut(ids) for ids in self.encoder.token_ids(present)]
-        # Model by model (its weights stay in the CPU caches), each passage's windows in their own
-        # forward pass: int8 activations are quantised per batch, so batching candidates together
-        # would make a candidate's answer depend on which other candidates share the request.
+        windows = [window for cut in cuts for window in cut]
+        # Model by model (its weights stay in the CPU caches), the windows of every passage (and of
+        # an uncached query) together, in as few forward passes as the batch bound allows. fp32 rows
+        # are independent of each other (padding is masked), so a passage's answer does not depend
+        # on which other passages share the request.
         columns = [
-            [
-                self.cross_encoder.window_logits(query_ids, cut, deadline=deadline, batch_size=_batch(cut))
-                for cut in cuts
-            ]
+            self.cross_encoder.window_logits(side.ids, windows, deadline=deadline, batch_size=_PASS_ROWS)
         ]
-        for encoder, query_vectors in (
-            (self.bge, bge_query),
-            (self.encoder, minilm_query),
-            (self.paraphrase, paraphrase_query),
-        ):
-            columns.append(
-                [
-                    np.max(
-                        encoder.encode_token_windows(cut, deadline=deadline, batch_size=_batch(cut)) @ query_vectors.T,
-                        axis=1,
-                    )
-                    for cut in cuts
-                ]
-            )
-        tables = iter([np.column_stack(values).astype(np.float64) for values in zip(*columns, strict=True)])
+        vectors = []
+        for index, encoder in enumerate((self.bge, self.encoder, self.paraphrase)):
+            own = side.windows[index]
+            embedded = encoder.encode_token_windows([*own, *windows], deadline=deadline, batch_size=_PASS_ROWS)
+            query_vectors = embedded[: len(own)] if side.vectors is None else side.vectors[index]
+            vectors.append(query_vectors)
+            columns.append(np.max(embedded[len(own) :] @ query_vectors.T, axis=1))
+        if side.vectors is None:
+            self._queries.put(query, _QuerySide(side.ids, ([], [], []), (vectors[0], vectors[1], vectors[2])))
+        table = np.column_stack(columns).astype(np.float64)
+        bounds = itertools.accumulate((len(cut) for cut in cuts), initial=0)
+        tables = iter([table[start:end] for start, end in itertools.pairwise(bounds)])
         return [next(tables) if passage.strip() else empty for passage in passages]
 
     def raw_probability(self, features: Sequence[float]) -> float:

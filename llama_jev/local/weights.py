@@ -9,6 +9,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import threading
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +17,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from llama_jev.local.fp32 import fp32_session
 
 _INSTALL_HINT = (
     'the local model needs the optional dependencies: pip install -e ".[local]" in a clone of llama_jev '
@@ -82,13 +85,42 @@ def _tokenizer(path: Path | None) -> Any:
     return tokenizer
 
 
-def _session(model_path: Path, threads: int) -> Any:
+def _session(model_path: Path, threads: int, *, int8: bool = False) -> Any:
+    """A CPU session of ``model_path``, its int8 matrix products run in fp32 (see :mod:`.fp32`).
+
+    ``int8=True`` keeps the file's int8 kernels: faster, but their results depend on the CPU's
+    instruction set and on the other rows of a batch; only the benchmark uses it, to compare.
+    """
     onnxruntime = _import_optional("onnxruntime")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    if int8:
+        return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    return fp32_session(model_path, options)
+
+
+_BATCH_TOKENS = 4096
+"""The most token positions (rows x padded width) in one forward pass: beyond about a thousand,
+a bigger pass is no faster per token on a CPU, only bigger in memory (measured, 2 cores)."""
+
+
+def _batches(lengths: Sequence[int], *, rows: int, tokens: int = _BATCH_TOKENS) -> list[list[int]]:
+    """Indices of ``lengths`` grouped into forward passes: similar lengths together (little padding),
+    at most ``rows`` rows and about ``tokens`` padded positions per pass (always at least one row)."""
+    order = sorted(range(len(lengths)), key=lambda index: lengths[index])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        # Sorted by length, so this row is the widest of the batch so far.
+        if current and (len(current) >= rows or (len(current) + 1) * lengths[index] > tokens):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
 
 
 class _LoadedOnce:
@@ -96,6 +128,8 @@ class _LoadedOnce:
 
     _model: _Model | None
     _load_lock: threading.Lock
+    # True: the file's int8 kernels instead of fp32 (see _session); set by the benchmark only.
+    _int8: bool = False
 
     def _start_unloaded(self) -> None:
         self._model = None

@@ -25,7 +25,15 @@ from llama_jev.systemone.wire import (
     check_result,
 )
 
-__all__ = ["RELEVANCE_QUESTION", "AnswerFunction", "Judge", "ScriptedJudge", "ScriptedValue", "answer_request"]
+__all__ = [
+    "RELEVANCE_QUESTION",
+    "AnswerFunction",
+    "Judge",
+    "ScriptedJudge",
+    "ScriptedValue",
+    "answer_request",
+    "runs_in_process",
+]
 
 RELEVANCE_QUESTION = "Does this passage provide evidence relevant to the query?"
 """The yes/no question asked about every candidate; the query is the request's state."""
@@ -40,6 +48,11 @@ class Judge(Protocol):
     backoff included); the selector passes what is left of its budget. ``None`` means the judge's
     own limits. A judge returns a result that answers exactly the request, or raises
     :class:`~llama_jev.JevAPIError`.
+
+    A judge that computes its answers in this process (the offline judge) says so with a class
+    attribute ``in_process = True`` (see :func:`runs_in_process`): when it runs out of budget the
+    failure is a :class:`~llama_jev.LocalJudgeTimeoutError`, not retryable, asking for a larger
+    ``budget=``, since the same work would take as long again. Remote judges need not define it.
     """
 
     def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
@@ -55,6 +68,17 @@ ScriptedValue = float | Mapping[str, float] | Sequence[float]
 AnswerFunction = Callable[[Instructions, str, Instructions | None], ScriptedValue]
 """``(state, question_id, instructions) -> answer``: a yes-probability for a noul question, a
 mapping option -> probability for a choice question, per-level probabilities for a score question."""
+
+
+def runs_in_process(judge: object) -> bool:
+    """Whether ``judge`` computes its answers in this process (its ``in_process`` attribute is ``True``).
+
+    Example:
+        >>> from llama_jev.local import LocalRelevanceJudge  # doctest: +SKIP
+        >>> runs_in_process(LocalRelevanceJudge)  # doctest: +SKIP
+        True
+    """
+    return getattr(judge, "in_process", False) is True
 
 
 def answer_request(request: SystemOneRequest, answer: AnswerFunction, *, model: str) -> SystemOneResult:

@@ -14,13 +14,16 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Browser", "Page", "find_chromium"]
+__all__ = ["Browser", "LabelServer", "Page", "answer", "find_chromium", "label_in_browser", "open_page"]
 
 # What Chromium needs to run as root in a container, headless, and to stay off the network.
 FLAGS = (
@@ -181,3 +184,68 @@ class Page:
         data = self.browser.send("Page.captureScreenshot", {"format": "png"}, self.session)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
+
+
+# --- the labelling page, as a person uses it ---------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class LabelServer:
+    """``python -m llama_jev.label`` as a person starts it, in its own process."""
+
+    def __init__(self, sheet: Path, out: Path, labeller: str = "ana", *extra: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llama_jev.label", str(sheet), "--out", str(out), "--labeller", labeller, *extra],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        self.banner = self.process.stdout.readline()
+        line = self.process.stdout.readline()
+        assert line.startswith("open http://127.0.0.1:"), (self.banner, line, self.process.stderr)
+        self.url = line.split()[1]
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def open_page(page: Page, url: str) -> None:
+    page.goto(url)
+    page.wait_for("document.body.dataset.ready === 'true'")
+
+
+def answer(page: Page, key: str) -> None:
+    """Press ``key`` and wait until the server has saved it and the page moved on."""
+    before = page.evaluate("document.body.dataset.position + '/' + document.getElementById('count').textContent")
+    page.press(key)
+    page.wait_for(
+        "document.body.dataset.ready === 'true' && "
+        f"document.body.dataset.position + '/' + document.getElementById('count').textContent !== {json.dumps(before)}"
+    )
+
+
+def label_in_browser(page: Page, url: str, truth: Callable[[str, str], bool]) -> int:
+    """Answer every pair the page shows with ``truth(question, passage)``, by key; return how many."""
+    open_page(page, url)
+    answered = 0
+    while not page.evaluate("document.getElementById('pair').hidden"):
+        question = page.evaluate("document.getElementById('question').textContent")
+        passage = page.evaluate("document.getElementById('passage').textContent")
+        answer(page, "y" if truth(question, passage) else "n")
+        answered += 1
+    return answered

@@ -6,9 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import pytest
 from llama_jev.calibration import load_labels
 from llama_jev.calibration.labelling import LabellingSession, StalePageError, read_sheet
 
-from .browser import Browser, Page, find_chromium
+from .browser import Browser, LabelServer, Page, answer, find_chromium, open_page
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = find_chromium()
@@ -51,39 +48,6 @@ def write_sheet(path: Path, *, delimiter: str = ";") -> Path:
     return path
 
 
-class LabelServer:
-    """``python -m llama_jev.label`` as a person starts it, in its own process."""
-
-    def __init__(self, sheet: Path, out: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "llama_jev.label", str(sheet), "--out", str(out), "--labeller", "ana"],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        self.banner = self.process.stdout.readline()
-        line = self.process.stdout.readline()
-        assert line.startswith("open http://127.0.0.1:"), (self.banner, line, self.process.stderr)
-        self.url = line.split()[1]
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if CHROMIUM is None:
@@ -93,21 +57,6 @@ def browser() -> Iterator[Browser]:
         yield opened
     finally:
         opened.close()
-
-
-def open_page(page: Page, url: str) -> None:
-    page.goto(url)
-    page.wait_for("document.body.dataset.ready === 'true'")
-
-
-def answer(page: Page, key: str) -> None:
-    """Press ``key`` and wait until the server has saved it and the page moved on."""
-    before = page.evaluate("document.body.dataset.position + '/' + document.getElementById('count').textContent")
-    page.press(key)
-    page.wait_for(
-        "document.body.dataset.ready === 'true' && "
-        f"document.body.dataset.position + '/' + document.getElementById('count').textContent !== {json.dumps(before)}"
-    )
 
 
 def shown(page: Page) -> tuple[str, str, str]:

@@ -62,7 +62,17 @@ def _handler(session: LabellingSession, page: bytes) -> type[BaseHTTPRequestHand
         def _json(self, status: int, data: Any) -> None:
             self._send(status, json.dumps(data, ensure_ascii=False).encode("utf-8"), "application/json; charset=utf-8")
 
+        def _local(self) -> bool:
+            # DNS rebinding: a web page whose name points at 127.0.0.1 must not read the passages
+            host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
+            if host in ("127.0.0.1", "localhost"):
+                return True
+            self._json(HTTPStatus.FORBIDDEN, {"error": "only http://127.0.0.1 may use this page"})
+            return False
+
         def do_GET(self) -> None:
+            if not self._local():
+                return
             if self.path == "/":
                 self._send(HTTPStatus.OK, page, "text/html; charset=utf-8")
             elif self.path == "/api/state":
@@ -71,6 +81,8 @@ def _handler(session: LabellingSession, page: bytes) -> type[BaseHTTPRequestHand
                 self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
 
         def do_POST(self) -> None:
+            if not self._local():
+                return
             # a page from another origin cannot post here: only same-origin JSON is accepted
             if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
                 self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send application/json"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,7 +94,8 @@ def test_a_person_labels_with_keys_survives_a_killed_server_and_resumes(browser:
         assert page.evaluate("document.getElementById('done').hidden") is False
         text = page.text()
         assert "All pairs labelled" in text
-        assert f"python -m llama_jev.calibrate --records decisions.jsonl --labels {out}" in text
+        command = page.evaluate("document.getElementById('next').textContent").replace("\\\n    ", "")
+        assert command == f"python -m llama_jev.calibrate --records decisions.jsonl --labels {out} --report report.html"
     finally:
         server.stop()
 
@@ -167,3 +169,32 @@ def test_two_labellers_share_a_file_and_each_resumes_on_their_own(tmp_path: Path
     ben = LabellingSession(read_sheet(sheet), out, "ben")
     assert ben.position == 0
     ben.close()
+
+
+def test_the_server_answers_only_to_its_own_address(tmp_path: Path) -> None:
+    import http.client
+
+    from llama_jev.label import serve
+
+    session = LabellingSession(read_sheet(write_sheet(tmp_path / "sheet.csv")), tmp_path / "labels.jsonl", "ana")
+    server = serve(session)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    try:
+        for host, status in ((f"127.0.0.1:{port}", 200), (f"evil.example:{port}", 403)):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            connection.request("GET", "/api/state", headers={"Host": host})
+            response = connection.getresponse()
+            body = response.read()
+            connection.close()
+            assert response.status == status, body
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("POST", "/api/answer", body="position=0", headers={"Content-Type": "text/plain"})
+        assert connection.getresponse().status == 415  # a cross-site form cannot post an answer
+        connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        session.close()
+    assert server.server_address[0] == "127.0.0.1"

@@ -221,10 +221,14 @@ def _next_steps(report: CalibrationFindings, *, cli: bool) -> str:
     else:
         items = ["Keep <code>mode=Mode.SHADOW</code>: nothing changes for your users while you gather evidence."]
         if report.labels_needed:
+            commands = (
+                "python -m llama_jev.label_sheet --samples samples.jsonl --out more.csv \\\n"
+                f"    --size {max(report.labels_needed, 50)} --seed 1   # another seed: other pairs\n"
+                "python -m llama_jev.label more.csv --out labels.jsonl   # the same labels file"
+            )
             items.append(
-                f"Label about <b>{report.labels_needed}</b> more pairs from new questions "
-                "(<code>python -m llama_jev.label_sheet --samples samples.jsonl --out sheet.csv</code>, then "
-                "<code>python -m llama_jev.label sheet.csv --out labels.jsonl</code>), and run this again."
+                f"Label about <b>{report.labels_needed}</b> more pairs (keep SHADOW sampling a while longer if the "
+                f"sample holds few new questions):<pre>{escape(commands)}</pre>"
             )
         else:
             items.append(
@@ -233,8 +237,8 @@ def _next_steps(report: CalibrationFindings, *, cli: bool) -> str:
                 "probability mapping (below), then label and calibrate again."
             )
         command = (
-            "python -m llama_jev.calibrate --records decisions.jsonl --labels labels.jsonl "
-            f"--target-precision {report.targets['precision']:g} --min-npv {report.targets['npv']:g} "
+            "python -m llama_jev.calibrate --records decisions.jsonl --labels labels.jsonl \\\n"
+            f"    --target-precision {report.targets['precision']:g} --min-npv {report.targets['npv']:g} "
             "--report report.html"
         )
         items.append(

@@ -188,7 +188,7 @@ class LabellingSession:
         with self._lock:
             self._check(position, pair_id)
             pair = self.pairs[position]
-            if self._answers.get(pair.key, _UNANSWERED) != relevant or pair.key not in self._answers:
+            if self._answers.get(pair.key, _UNANSWERED) != relevant:  # the same answer again adds no line
                 line = {
                     "decision_id": pair.decision_id,
                     "node_id": pair.node_id,

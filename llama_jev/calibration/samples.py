@@ -241,6 +241,7 @@ def write_sample_sheet(
     columns = [*SAMPLE_SHEET_COLUMNS, *(() if blind else ("p",))]
     # the sheet holds the samples' text: as private as they are
     descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # also when an older sheet of the same name was readable by others
     with open(descriptor, "w", encoding="utf-8", newline="") as handle:
         if target.suffix.lower() == ".csv":
             writer = csv.DictWriter(handle, fieldnames=columns)

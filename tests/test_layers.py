@@ -113,7 +113,7 @@ def test_no_import_circles() -> None:
         path.append(module)
         for target in sorted(edges(module)):
             if state.get(target) == 1:
-                circle = path[path.index(target) :] + [target]
+                circle = [*path[path.index(target) :], target]
                 raise AssertionError("import circle: " + " -> ".join(circle))
             if target not in state:
                 visit(target)

@@ -4,9 +4,11 @@
         [--target-precision 0.9] [--min-npv 0.95] [--holdout 0.3] [--seed 0] \\
         [--report report.html] [--json] [--purpose P] [--version V] [--query-key-secret S]
 
-Exit status: 0 thresholds recommended; 1 no threshold meets the targets on the data; 2 too little
-data (fewer than 50 joined labels, or fewer than 10 in a class) or unusable input (the message
-names the file and line).
+Exit status: 0 thresholds recommended (chosen on the calibration split and proven on the
+held-out split); 1 no threshold meets the targets on the data, or the candidate did not hold on
+the held-out split (``candidate`` and ``reason`` say which and why); 2 too little data (fewer
+than 50 joined labels, or fewer than 10 in a class) or unusable input (the message names the file
+and line of every bad label).
 """
 
 from __future__ import annotations
@@ -93,28 +95,44 @@ def _summary(report: CalibrationReport) -> str:
         f"records: {report.log.records} ({report.log.errors} judge errors, never used as scores); "
         f"unjoined labels: {report.unjoined.count}; disagreeing duplicates: {report.conflicts.count}"
         + (f"; rows with no relevant value yet: {report.unlabelled}" if report.unlabelled else ""),
-        f"judge: ECE {report.ece:.3f}, Brier {report.brier:.3f}",
+        f"judge: ECE {report.ece:.3f} (gap between p and the observed share relevant; 0 is perfect), "
+        f"Brier {report.brier:.3f} (mean squared error of p; lower is better)",
     ]
-    if report.recommended is None:
-        lines.append(f"no recommendation: {report.reason}")
-    else:
+    if report.agreement is not None:
+        agreement = report.agreement
+        lines.append(
+            f"labellers: Cohen's kappa {agreement.kappa:.2f} on {agreement.pairs} pairs labelled by both "
+            f"({', '.join(agreement.labellers)}); {agreement.disagreements} disagreements left out"
+        )
+    if report.recommended is not None:
         lines.append(
             f"recommended: reject={format_threshold(report.recommended.reject)} "
-            f"accept={format_threshold(report.recommended.accept)}"
+            f"accept={format_threshold(report.recommended.accept)} (proven on the held-out split)"
         )
+    elif report.candidate is not None:
+        lines.append(
+            f"NOT recommended: candidate reject={format_threshold(report.candidate.reject)} "
+            f"accept={format_threshold(report.candidate.accept)} is {report.reason}"
+        )
+    else:
+        lines.append(f"no recommendation: {report.reason}")
     held = report.holdout
     if held is not None:
+        prefix = "held out" if report.recommended is not None else "held out, at the candidate"
 
         def show(value: float | None) -> str:
             return "n/a" if value is None else f"{value:.3f}"
 
         lines.append(
-            f"held out: precision {show(held.precision)} (95% lower {show(held.precision_lower)}), "
-            f"NPV {show(held.npv)}, coverage {held.coverage:.3f}, uncertain {held.uncertain:.3f}"
+            f"{prefix}: precision {show(held.precision)} (95% lower {show(held.precision_lower)}), "
+            f"NPV {show(held.npv)}, coverage {held.coverage:.3f}, uncertain {held.uncertain:.3f} "
+            f"({held.selected} selected, {held.rejected} rejected of {held.labels})"
         )
     if report.enforce is not None:
+        at = "at the recommendation" if report.recommended is not None else "at the candidate"
         lines.append(
-            f"ENFORCE on the whole log: answered {report.enforce.answered:.1%}, empty {report.enforce.empty:.1%}, "
+            f"ENFORCE {at}, on the whole log: answered {report.enforce.answered:.1%}, "
+            f"empty {report.enforce.empty:.1%}, "
             f"inconclusive {report.enforce.inconclusive:.1%}, unavailable {report.enforce.unavailable:.1%}"
         )
     return "\n".join(lines)
@@ -125,11 +143,13 @@ def _failure(message: str, labels: int) -> dict[str, Any]:
     return {
         "labels": labels,
         "recommended": None,
+        "candidate": None,
         "reason": message,
         "holdout": None,
         "ece": None,
         "brier": None,
         "thresholds": [],
+        "agreement": None,
         "error": message,
     }
 
@@ -157,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INPUT
     if args.report:
         try:
-            report.write_html(args.report)
+            report.write_html(args.report, cli=True)
         except OSError as error:
             message = f"cannot write the report {args.report}: {error.strerror}"
             print(f"llama_jev.calibrate: {message}", file=sys.stderr)

@@ -1,4 +1,16 @@
-"""``python -m llama_jev.label_sheet``: a labelling sheet sampled from SHADOW decision records.
+"""``python -m llama_jev.label_sheet``: the sheet a person labels.
+
+From a labelling sample (``ExecutionOptions(label_sampler=LabelSampler(...))``, or
+``collect(..., samples=...)``), which holds each query and passage as the judge saw them:
+
+    python -m llama_jev.label_sheet --samples samples.jsonl --out sheet.csv [--size 300] [--seed 0]
+
+Columns ``decision_id, node_id, question, passage, relevant`` (blank): blind (no p) and shuffled,
+drawn stratified over p so the band where thresholds are chosen is covered. Label it in the
+browser with ``python -m llama_jev.label sheet.csv --out labels.jsonl``, or in a spreadsheet.
+
+From SHADOW decision records and your own index (the records hold no query text, so this sheet
+has none: prefer a labelling sample):
 
     python -m llama_jev.label_sheet --records decisions.jsonl --persist-dir ./storage \\
         --out sheet.csv [--sample 100] [--seed 0] [--purpose P] [--version V]
@@ -9,8 +21,8 @@ Node text comes from a LlamaIndex storage folder (``index.storage_context.persis
 holds ``docstore.json``) or from a Qdrant collection written by LlamaIndex (local folder or
 server; ``QDRANT_API_KEY`` is sent when set). For any other store call
 ``llama_jev.calibration.write_label_sheet`` with your index.
-Fill the ``relevant`` column, then: ``python -m llama_jev.calibrate --records decisions.jsonl
---labels sheet.csv``. Exit status: 0 written, 2 unusable input.
+Then: ``python -m llama_jev.calibrate --records decisions.jsonl --labels labels.jsonl``.
+Exit status: 0 written, 2 unusable input.
 """
 
 from __future__ import annotations
@@ -30,10 +42,18 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m llama_jev.label_sheet",
-        description="Sample decisions from a SHADOW log and write a sheet to label (text from your own index).",
+        description=(
+            "Write the sheet a person labels: from a labelling sample (--samples, with the question), or from a "
+            "SHADOW log (--records) with the text from your own index."
+        ),
     )
-    parser.add_argument("--records", required=True, help="decision records, one JSON object per line")
-    source = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("--samples", help="a LabelSampler file (JSONL with the query and the passages)")
+    parser.add_argument("--size", type=int, default=300, help="with --samples: pairs in the sheet (default 300)")
+    parser.add_argument(
+        "--with-p", action="store_true", help="with --samples: add the judge's p (the sheet is blind by default)"
+    )
+    parser.add_argument("--records", help="decision records, one JSON object per line")
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--persist-dir", help="a LlamaIndex storage folder holding docstore.json")
     source.add_argument("--qdrant-path", help="a Qdrant local-mode folder (with --collection)")
     source.add_argument("--qdrant-url", help="a Qdrant server (with --collection; QDRANT_API_KEY if set)")
@@ -50,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.samples is not None:
+        return _from_samples(args)
+    if args.records is None:
+        parser.error("give --samples SAMPLES.jsonl (recommended), or --records with --persist-dir / --qdrant-*")
+    if args.persist_dir is None and args.qdrant_path is None and args.qdrant_url is None:
+        parser.error("--records needs the text's source: --persist-dir, or --qdrant-path / --qdrant-url")
     if args.persist_dir is None and not args.collection:
         parser.error("--qdrant-path / --qdrant-url need --collection NAME")
     try:
@@ -85,6 +111,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fill 'relevant' (true/false), then: "
         f"python -m llama_jev.calibrate --records {args.records} --labels {args.out}"
     )
+    return 0
+
+
+def _from_samples(args: argparse.Namespace) -> int:
+    from llama_jev.calibration.samples import write_sample_sheet
+
+    try:
+        sheet = write_sample_sheet(args.samples, args.out, size=args.size, seed=args.seed, blind=not args.with_p)
+    except (CalibrationInputError, ValueError, OSError) as error:
+        print(f"llama_jev.label_sheet: {error}", file=sys.stderr)
+        return 2
+    spread = ", ".join(f"{i / 10:.1f}-{(i + 1) / 10:.1f}: {n}" for i, n in enumerate(sheet.strata) if n)
+    print(f"wrote {sheet.rows} pairs (of {sheet.available} sampled) to {sheet.path}; rows per band of p: {spread}")
+    print(f"label them: python -m llama_jev.label {args.out} --out labels.jsonl")
     return 0
 
 

@@ -14,6 +14,8 @@ from llama_jev.calibration.statistics import (
     choose_accept,
     choose_thresholds,
     observed_thresholds,
+    round_accept,
+    round_reject,
     sweep_accept,
 )
 
@@ -106,7 +108,7 @@ def test_an_observed_threshold_is_printed_with_every_digit() -> None:
     assert "Recommended: reject = 0.353, accept = 0.653" in page
     assert "reject=0.353, accept=0.653)" in page
     assert '<tr class="pick"><td>0.653</td>' in page
-    assert (format_threshold(0.8), format_threshold(0.653), format_threshold(1.0)) == ("0.80", "0.653", "1.00")
+    assert (format_threshold(0.8), format_threshold(0.653), format_threshold(1.0)) == ("0.800", "0.653", "1.000")
 
 
 def test_reject_stays_below_accept_when_the_npv_would_be_met_above_it() -> None:
@@ -127,10 +129,10 @@ def test_accept_is_the_lowest_observed_p_whose_lower_bound_meets_the_target() ->
     pairs = [(scores[label["decision_id"]][label["node_id"]], label["relevant"]) for label in labels]
     choice = choose_thresholds(pairs, 0.8, 0.9)
     assert choice.accept is not None
-    observed = observed_thresholds(pairs)
-    assert choice.accept.accept in observed
-    below = [p for p in observed if p < choice.accept.accept]
-    assert all(row.precision_lower < 0.8 for row in sweep_accept(pairs, below))
+    # the lowest observed p (4 decimals here) that meets the target, rounded up to 3 decimals
+    meeting = [row.accept for row in sweep_accept(pairs, observed_thresholds(pairs)) if row.precision_lower >= 0.8]
+    assert choice.accept.accept == round_accept(meeting[0])
+    assert choice.accept.precision_lower >= 0.8  # measured at the rounded value
     assert choice.reject is not None
-    assert choice.reject.reject in observed
+    assert choice.reject.reject in {round_reject(p) for p in observed_thresholds(pairs)}
     assert choice.reject.reject < choice.accept.accept

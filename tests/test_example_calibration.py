@@ -57,7 +57,7 @@ def test_a_careful_judge_is_calibrated_and_enforced(index: Any, tmp_path: Path) 
     assert example.steps(index, ScriptedJudge(careful_answer), tmp_path, say=lines.append)
     output = "\n".join(lines)
     assert "Recommended  : reject = " in output
-    assert "3. ENFORCE with reject=" in output
+    assert "4. ENFORCE with reject=" in output
     assert "alice  receives ['acme/refund-policy']" in output
     # accept is the lowest observed p whose bound meets precision 0.8, not 1.0: it may sit at the top
     # of the irrelevant band and let one of grace's own passages in after the relevant one
@@ -78,7 +78,7 @@ def test_the_keyword_rule_does_not_earn_enforce(index: Any, tmp_path: Path) -> N
     lines: list[str] = []
     assert not example.steps(index, ScriptedJudge(models.keyword_answer), tmp_path, say=lines.append)
     output = "\n".join(lines)
-    assert "3. Stay in SHADOW" in output
+    assert "4. Stay in SHADOW" in output
     assert "ENFORCE with" not in output
     assert "No thresholds recommended" in (tmp_path / "report.html").read_text(encoding="utf-8")
 
@@ -92,9 +92,9 @@ def test_python_m_examples_refund_policy_calibrate_runs_offline(
     output = capsys.readouterr().out
     assert code == 0, output
     assert "1. SHADOW" in output
-    assert "2. Calibrate" in output
+    assert "3. Calibrate" in output
     # which way step 3 goes depends on the offline judge installed; it goes exactly one way
-    assert ("3. ENFORCE with" in output) != ("3. Stay in SHADOW" in output)
+    assert ("4. ENFORCE with" in output) != ("4. Stay in SHADOW" in output)
     assert (tmp_path / "out" / "report.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     records = (tmp_path / "out" / "records.jsonl").read_text().splitlines()
     assert len(records) == len(GOLDEN) * len(kb.USERS)

@@ -2,14 +2,16 @@
 
 1. SHADOW: a small golden set shipped with the example (``golden.json``: questions and the
    documents a person marked relevant) is asked by every user through a SHADOW retriever;
-   ``collect`` turns that into decision records and labels (ids and probabilities only).
-2. Calibrate: ``calibrate`` chooses ``reject`` / ``accept`` on one part of the questions and
-   measures them on the rest; the HTML report is written next to the records.
-3. ENFORCE with the recommended thresholds, or, when the labels do not support any, stay in
+   ``collect`` turns that into decision records and labels (ids and probabilities only), and
+   writes the labelling sample (``samples.jsonl``: each question and the passages that user may
+   read, mode 0600) from which a blind, shuffled sheet is drawn (``sheet.csv``).
+2. Label: in production a person labels the sheet in the browser
+   (``python -m llama_jev.label sheet.csv --out my-labels.jsonl``); here the shipped golden
+   labels stand in for that person (the tests drive the page in a real browser with them).
+3. Calibrate: ``calibrate`` chooses ``reject`` / ``accept`` on one part of the questions and
+   proves them on the rest; the HTML report is written next to the records.
+4. ENFORCE with the recommended thresholds, or, when the labels do not prove any, stay in
    SHADOW and say why.
-
-A labelling sheet (``sheet.csv``) for production logs is written too: the same decisions, with
-the passage text fetched from the Qdrant collection by node id, for a person to fill in.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from llama_jev.calibration import (
     calibrate,
     collect,
     format_threshold,
-    write_label_sheet,
+    write_sample_sheet,
 )
 
 GOLDEN = Path(__file__).resolve().parent / "golden.json"
@@ -77,14 +79,17 @@ def retriever_for(
     )
 
 
-def run_golden(index: VectorStoreIndex, judge: Judge) -> Collected:
+def run_golden(
+    index: VectorStoreIndex, judge: Judge, *, samples: Path | None = None, show_progress: bool = False
+) -> Collected:
     """Every user asks every golden question in SHADOW; every passage they may read is judged.
 
     ``top_k`` = the candidate limit, so the judge sees every readable passage, as ENFORCE would.
+    With ``samples``, each question and its readable passages go there too, for labelling.
     """
     retriever = retriever_for(index, judge, Mode.SHADOW, top_k=CANDIDATE_LIMIT)
     golden = [GoldenQuery(query, relevant, ctx=user.context) for query, relevant in load_golden() for user in kb.USERS]
-    return collect(retriever, golden)
+    return collect(retriever, golden, samples=samples, show_progress=show_progress)
 
 
 def enforce_line(index: VectorStoreIndex, judge: Judge, user: kb.User, reject: float, accept: float) -> str:
@@ -111,19 +116,26 @@ def summary(report: CalibrationReport) -> list[str]:
         f"Targets      : precision >= {TARGET_PRECISION}, NPV >= {MIN_NPV} (one-sided 95% Wilson lower bounds)",
     ]
     if report.recommended is None:
+        candidate = report.candidate
+        if candidate is not None:
+            lines.append(
+                f"Candidate    : reject = {format_threshold(candidate.reject)}, accept = "
+                f"{format_threshold(candidate.accept)} (chosen on the calibration split)"
+            )
         lines.append(f"Recommended  : none. {report.reason}")
-        return lines
-    reject, accept = format_threshold(report.recommended.reject), format_threshold(report.recommended.accept)
-    lines.append(f"Recommended  : reject = {reject}, accept = {accept}")
+    else:
+        reject, accept = format_threshold(report.recommended.reject), format_threshold(report.recommended.accept)
+        lines.append(f"Recommended  : reject = {reject}, accept = {accept} (proven on the held-out questions)")
     held = report.holdout
     if held is not None:
 
         def show(value: float | None) -> str:
-            return "n/a" if value is None else f"{value:.2f}"
+            return "n/a" if value is None else f"{value:.3f}"
 
         lines.append(
-            f"Held out     : precision {show(held.precision)}, NPV {show(held.npv)}, coverage {held.coverage:.2f}, "
-            f"uncertain {held.uncertain:.2f} ({held.labels} labels)"
+            f"Held out     : precision {show(held.precision)} of {held.selected} selected, NPV {show(held.npv)} of "
+            f"{held.rejected} rejected, coverage {held.coverage:.3f}, uncertain {held.uncertain:.3f} "
+            f"({held.labels} labels)"
         )
     if report.enforce is not None:
         lines.append(
@@ -137,29 +149,40 @@ class EveryJudgementFailedError(RuntimeError):
     """Every judgement of the golden run failed: there is nothing to calibrate (the message says why)."""
 
 
-def steps(index: VectorStoreIndex, judge: Judge, out: Path, say: Callable[[str], object] = print) -> bool:
-    """SHADOW on the golden set -> calibrate -> ENFORCE, or stay in SHADOW; whether ENFORCE was earned.
+def steps(
+    index: VectorStoreIndex,
+    judge: Judge,
+    out: Path,
+    say: Callable[[str], object] = print,
+    *,
+    show_progress: bool = False,
+) -> bool:
+    """SHADOW on the golden set -> sheet -> calibrate -> ENFORCE, or stay in SHADOW; whether ENFORCE was earned.
 
     Raises:
         EveryJudgementFailedError: the judge failed on every golden question (a wrong key, no server).
     """
     say("\n1. SHADOW: the golden set, asked by every user")
     started = time.perf_counter()
+    records, labels, samples = out / "records.jsonl", out / "labels.jsonl", out / "samples.jsonl"
+    samples.unlink(missing_ok=True)  # a new run, a new sample
     with watching_failures() as failures:
-        collected = run_golden(index, judge)
+        collected = run_golden(index, judge, samples=samples, show_progress=show_progress)
     failed = failures.every_judgement_failed(collected.records)
     if failed is not None:
         raise EveryJudgementFailedError(f"{failed} Nothing can be calibrated from failed judgements.")
-    records, labels = out / "records.jsonl", out / "labels.jsonl"
     collected.write(records, labels)
     say(
         f"   {len(collected.records)} decisions, {len(collected.labels)} labelled passages in "
         f"{time.perf_counter() - started:.1f} s -> {records}, {labels}"
     )
-    sheet = write_label_sheet(records, index, out / "sheet.csv", sample=5)
-    say(f"   labelling sheet for production logs: {sheet.rows} rows with passage text -> {sheet.path}")
+    sheet = write_sample_sheet(samples, out / "sheet.csv", size=300)
+    say(f"   labelling sample -> {samples}; a blind, shuffled sheet of {sheet.rows} pairs -> {sheet.path}")
 
-    say("\n2. Calibrate")
+    say("\n2. Label (here the shipped golden labels stand in for the person)")
+    say(f"   yourself: python -m llama_jev.label {sheet.path} --out {out / 'my-labels.jsonl'} --records {records}")
+
+    say("\n3. Calibrate")
     report = calibrate(records, labels, target_precision=TARGET_PRECISION, min_npv=MIN_NPV)
     html = report.write_html(out / "report.html")
     for line in summary(report):
@@ -167,18 +190,10 @@ def steps(index: VectorStoreIndex, judge: Judge, out: Path, say: Callable[[str],
     say(f"   report: {html}")
 
     if report.recommended is None:
-        say("\n3. Stay in SHADOW: the labels support no thresholds for this judge (label more, or a better judge)")
-        return False
-    held = report.holdout
-    if held is not None and (held.precision is None or held.precision < TARGET_PRECISION):
-        # The choice was made on the other questions; if it does not hold on these, it is noise.
-        say(
-            "\n3. Stay in SHADOW: the thresholds did not hold on the held-out questions "
-            f"(precision {'n/a' if held.precision is None else f'{held.precision:.2f}'} < {TARGET_PRECISION})"
-        )
+        say("\n4. Stay in SHADOW: the labels prove no thresholds for this judge (see the reason above)")
         return False
     reject, accept = report.recommended.reject, report.recommended.accept
-    say(f"\n3. ENFORCE with reject={format_threshold(reject)}, accept={format_threshold(accept)}: {kb.QUESTION!r}")
+    say(f"\n4. ENFORCE with reject={format_threshold(reject)}, accept={format_threshold(accept)}: {kb.QUESTION!r}")
     for user in kb.USERS:
         say(enforce_line(index, judge, user, reject, accept))
     return True
@@ -215,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             print(error)
             return 2
         try:
-            steps(index, judge.component, out)
+            steps(index, judge.component, out, show_progress=True)
         except EveryJudgementFailedError as error:
             print(f"\n{error}", file=sys.stderr)
             return EXIT_EVERY_JUDGEMENT_FAILED

@@ -1,4 +1,4 @@
-"""``calibrate``: records + labels -> thresholds chosen on one split, measured on the other."""
+"""``calibrate``: records + labels -> thresholds chosen on one split, proven on the other."""
 
 from __future__ import annotations
 
@@ -6,20 +6,19 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from llama_jev.calibration.join import JoinedLabels, join_labels
+from llama_jev.calibration.labels import LabelsInput, load_labels
 from llama_jev.calibration.mapping import fit_platt
 from llama_jev.calibration.records import (
+    CODE_STATUS,
     InsufficientLabelsError,
-    JoinedLabels,
-    LabelsInput,
-    LoggedDecision,
     RecordsInput,
-    join_labels,
-    load_labels,
-    load_records,
-    select_records,
+    ScannedRecords,
+    scan_records,
 )
 from llama_jev.calibration.report import (
     AcceptThreshold,
+    AgreementSummary,
     CalibrationReport,
     EnforceReplay,
     HoldoutResult,
@@ -31,6 +30,7 @@ from llama_jev.calibration.report import (
     SplitSummary,
 )
 from llama_jev.calibration.statistics import (
+    BandMetrics,
     band_metrics,
     brier_score,
     choose_thresholds,
@@ -42,12 +42,13 @@ from llama_jev.calibration.statistics import (
     sweep_accept,
     sweep_reject,
 )
-from llama_jev.core.records import Status
 
-__all__ = ["MIN_LABELS", "MIN_PER_CLASS", "calibrate"]
+__all__ = ["MIN_HELD_OUT", "MIN_LABELS", "MIN_PER_CLASS", "calibrate"]
 
 MIN_LABELS = 50
 MIN_PER_CLASS = 10
+MIN_HELD_OUT = 10
+"""Held-out selections (and rejections) below which a recommendation is unproven: label more."""
 _DEFAULT_REJECT, _DEFAULT_ACCEPT = 0.2, 0.8
 
 
@@ -57,8 +58,14 @@ def _check_target(name: str, value: float) -> float:
     return float(value)
 
 
-def _replay(decisions: Sequence[LoggedDecision], reject: float, accept: float) -> EnforceReplay:
-    outcomes = enforce_outcomes(((d.status, d.scores.values()) for d in decisions), reject, accept)
+def _replay(scanned: ScannedRecords, reject: float, accept: float, rows: Sequence[int] | None = None) -> EnforceReplay:
+    """ENFORCE replayed over every record (or the ``rows`` given) from each one's highest p:
+    something is selected iff the highest p reaches accept, uncertain iff it lies above reject."""
+    statuses, top = scanned.statuses, scanned.top
+    indices = range(len(statuses)) if rows is None else rows
+    outcomes = enforce_outcomes(
+        ((CODE_STATUS[statuses[i]], (top[i],) if top[i] >= 0.0 else ()) for i in indices), reject, accept
+    )
     return EnforceReplay(
         reject=reject,
         accept=accept,
@@ -68,6 +75,47 @@ def _replay(decisions: Sequence[LoggedDecision], reject: float, accept: float) -
         inconclusive=outcomes.share(outcomes.inconclusive),
         unavailable=outcomes.share(outcomes.unavailable),
     )
+
+
+def _floor3(value: float) -> str:
+    """A share as text rounded down: a held-out 0.6999 must not read as meeting a target of 0.7."""
+    return f"{math.floor(value * 1000 + 1e-9) / 1000:.3f}"
+
+
+def _misses(band: BandMetrics, target_precision: float, min_npv: float, reject: float, accept: float) -> list[str]:
+    """What keeps a candidate from being proven on the held-out split (empty: proven)."""
+    misses = []
+    if band.selected < MIN_HELD_OUT:
+        misses.append(
+            f"only {band.selected} held-out selections at accept={format_threshold(accept)} "
+            f"(at least {MIN_HELD_OUT} are needed to prove the precision)"
+        )
+    elif band.precision is not None and band.precision < target_precision:
+        misses.append(f"held-out precision {_floor3(band.precision)} < target {target_precision:g}")
+    if band.rejected < MIN_HELD_OUT:
+        misses.append(
+            f"only {band.rejected} held-out rejections at reject={format_threshold(reject)} "
+            f"(at least {MIN_HELD_OUT} are needed to prove the NPV)"
+        )
+    elif band.npv is not None and band.npv < min_npv:
+        misses.append(f"held-out NPV {_floor3(band.npv)} < target {min_npv:g}")
+    return misses
+
+
+def _labels_needed(band: BandMetrics, calibration_share: float, total: int, held_share: float) -> int | None:
+    """About how many more labels would give the held-out split enough selections and rejections
+    (at the rates seen so far); ``None`` when more labels are not what is missing."""
+    shortfalls = []
+    for count, fallback in ((band.selected, calibration_share), (band.rejected, None)):
+        if count >= MIN_HELD_OUT:
+            continue
+        rate = count / band.labels if band.labels and count else fallback
+        if not rate:
+            return None
+        shortfalls.append(math.ceil(MIN_HELD_OUT / rate / held_share))
+    if not shortfalls:
+        return None
+    return max(0, max(shortfalls) - total)
 
 
 def calibrate(
@@ -82,17 +130,21 @@ def calibrate(
     version: str | None = None,
     query_key_secret: str | bytes | None = None,
 ) -> CalibrationReport:
-    """Recommend ``reject`` / ``accept`` thresholds from decision records and labels.
+    """Recommend ``reject`` / ``accept`` thresholds from decision records and labels, proven on
+    data they were not chosen on.
 
-    ``records`` and ``labels`` are JSONL paths (as the CLI takes them) or in-memory records /
-    label dicts. Joined pairs are split by query (or decision, when records carry no query key)
-    into a calibration and a held-out part with ``seed``. On the calibration part, ``accept`` is
-    the lowest *observed* p whose one-sided 95% Wilson lower bound on the precision of
-    ``p >= accept`` reaches ``target_precision``, and ``reject`` the highest observed p below it
-    whose lower bound on the negative predictive value of ``p <= reject`` reaches ``min_npv``
-    (never a value between two observed ones, where no label says anything); the held-out part
-    then says what that choice does on data it was not chosen on. Thresholds are on the scale of
-    the records' ``p``.
+    ``records`` and ``labels`` are paths (as the CLI takes them: JSONL, or a CSV sheet of labels)
+    or in-memory records / label dicts. Records are streamed: memory grows with the labels, not
+    the log. Joined pairs are split by query (or decision, when records carry no query key) into
+    a calibration and a held-out part with ``seed``. On the calibration part, ``accept`` is the
+    lowest observed p, rounded up to 3 decimals, whose one-sided 95% Wilson lower bound on the
+    precision of ``p >= accept`` reaches ``target_precision``, and ``reject`` the highest observed
+    p below it, rounded down, whose lower bound on the negative predictive value reaches
+    ``min_npv``. That candidate is then **proven** on the held-out part: its precision there must
+    reach ``target_precision`` and its NPV ``min_npv``, each on at least 10 held-out selections /
+    rejections. Only then is it ``recommended``; otherwise ``recommended`` is ``None``,
+    ``candidate`` holds it, and ``reason`` names the miss. Every figure is computed at the
+    rounded thresholds, which are on the scale of the records' ``p``.
 
     Example:
         >>> report = calibrate("decisions.jsonl", "labels.jsonl", target_precision=0.9)  # doctest: +SKIP
@@ -112,9 +164,15 @@ def calibrate(
     holdout = _check_target("holdout", holdout)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    decisions = select_records(load_records(records), purpose=purpose, version=version)
-    label_list, unlabelled = load_labels(labels, query_key_secret=query_key_secret)
-    joined = join_labels(decisions, label_list, unlabelled=unlabelled)
+    loaded = load_labels(labels, query_key_secret=query_key_secret)
+    scanned = scan_records(
+        records,
+        decision_ids=frozenset(label.decision_id for label in loaded.labels if label.decision_id is not None),
+        query_keys=frozenset(label.query_key for label in loaded.labels if label.query_key is not None),
+        purpose=purpose,
+        version=version,
+    )
+    joined = join_labels(scanned.kept, loaded.labels, unlabelled=loaded.unlabelled)
     _check_enough(joined)
 
     pairs = joined.pairs
@@ -128,16 +186,15 @@ def calibrate(
     # the sweeps are for reading (every 0.01); the chosen rows join them so each choice is a row
     accept_rows = _with_row(sweep_accept(calibration), accept_row, lambda row: row.accept)
     reject_rows = _with_row(sweep_reject(calibration), reject_row, lambda row: row.reject)
-    recommended = None
+    candidate = recommended = None
     reason = None
+    labels_needed = None
+    held_out_decisions = sorted({pair.decision_id for pair in pairs if pair.group in held_out_groups})
+    holdout_result = None
     if accept_row is None:
         best = choice.best
-        # rounded down: a best of 0.8996 must not read as meeting a target of 0.9
         best_text = (
-            f"; the best is {math.floor(best.precision_lower * 1000) / 1000:.3f} "
-            f"at accept={format_threshold(best.accept)}"
-            if best
-            else ""
+            f"; the best is {_floor3(best.precision_lower)} at accept={format_threshold(best.accept)}" if best else ""
         )
         reason = (
             f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "
@@ -152,12 +209,22 @@ def calibrate(
             "irrelevant examples or lower the NPV target"
         )
     else:
-        recommended = RecommendedThresholds(reject=reject_row.reject, accept=accept_row.accept)
-
-    held_out_decisions = {pair.decision_id for pair in pairs if pair.group in held_out_groups}
-    holdout_result = None
-    if recommended is not None:
-        band = band_metrics(held_out, recommended.reject, recommended.accept)
+        candidate = RecommendedThresholds(reject=reject_row.reject, accept=accept_row.accept)
+        band = band_metrics(held_out, candidate.reject, candidate.accept)
+        misses = _misses(band, target_precision, min_npv, candidate.reject, candidate.accept)
+        if misses:
+            labels_needed = _labels_needed(
+                band, accept_row.coverage, len(pairs), len(held_out) / len(pairs) if pairs else holdout
+            )
+            more = f"; about {labels_needed} more labels would give the held-out split enough" if labels_needed else ""
+            reason = (
+                f"unproven on the held-out split ({band.labels} labels the thresholds were not chosen on): "
+                + "; ".join(misses)
+                + more
+                + ". Stay in SHADOW."
+            )
+        else:
+            recommended = candidate
         holdout_result = HoldoutResult(
             labels=band.labels,
             selected=band.selected,
@@ -170,7 +237,7 @@ def calibrate(
             uncertain=band.uncertain,
             recall=band.recall,
             enforce=_replay(
-                [d for d in decisions if d.decision_id in held_out_decisions], recommended.reject, recommended.accept
+                scanned, candidate.reject, candidate.accept, [scanned.kept_rows[d] for d in held_out_decisions]
             ),
         )
 
@@ -185,14 +252,16 @@ def calibrate(
             "brier_mapped": brier_score(mapped),
         }
 
-    errors = sum(1 for d in decisions if d.status is Status.ERROR)
     relevant = sum(1 for _, y in everything if y)
+    agreement = joined.agreement
     return CalibrationReport(
         labels=len(pairs),
         relevant=relevant,
         irrelevant=len(pairs) - relevant,
         recommended=recommended,
+        candidate=candidate,
         reason=reason,
+        labels_needed=labels_needed,
         targets={"precision": target_precision, "npv": min_npv},
         holdout=holdout_result,
         ece=expected_calibration_error(everything),
@@ -200,8 +269,8 @@ def calibrate(
         reliability=[ReliabilityRow(**vars(row)) for row in reliability_table(everything)],
         thresholds=[AcceptThreshold(**vars(row)) for row in accept_rows],
         reject_thresholds=[RejectThreshold(**vars(row)) for row in reject_rows],
-        enforce=_replay(decisions, recommended.reject, recommended.accept) if recommended else None,
-        enforce_default=_replay(decisions, _DEFAULT_REJECT, _DEFAULT_ACCEPT),
+        enforce=_replay(scanned, candidate.reject, candidate.accept) if candidate else None,
+        enforce_default=_replay(scanned, _DEFAULT_REJECT, _DEFAULT_ACCEPT),
         split=SplitSummary(
             unit="query" if any(pair.group != pair.decision_id for pair in pairs) else "decision",
             seed=seed,
@@ -212,16 +281,26 @@ def calibrate(
             holdout_groups=len(held_out_groups),
         ),
         log=LogSummary(
-            purpose=decisions[0].purpose,
-            version=decisions[0].version,
-            models=sorted({d.model for d in decisions if d.model}),
-            records=len(decisions),
-            errors=errors,
-            error_rate=errors / len(decisions),
-            skipped=sum(1 for d in decisions if d.status in (Status.SKIPPED, Status.CANCELLED)),
+            purpose=scanned.purpose,
+            version=scanned.version,
+            models=scanned.models,
+            records=scanned.records,
+            errors=scanned.errors,
+            error_rate=scanned.errors / scanned.records if scanned.records else 0.0,
+            skipped=scanned.skipped,
         ),
         unjoined=ProblemSummary(count=joined.unjoined, examples=list(joined.unjoined_examples)),
         conflicts=ProblemSummary(count=joined.conflicts, examples=list(joined.conflict_examples)),
+        agreement=(
+            AgreementSummary(
+                kappa=agreement.kappa,
+                pairs=agreement.pairs,
+                disagreements=agreement.disagreements,
+                labellers=list(agreement.labellers),
+            )
+            if agreement is not None
+            else None
+        ),
         labels_on_error_records=joined.on_error_records,
         unlabelled=joined.unlabelled,
         duplicate_labels=joined.duplicates,

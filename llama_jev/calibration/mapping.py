@@ -268,7 +268,9 @@ def fit_platt(probabilities: Sequence[float], labels: Sequence[bool]) -> PlattMa
             h_ss += w * x * x
             h_si += w * x
             h_ii += w
-        if abs(g_slope) < _TOLERANCE and abs(g_intercept) < _TOLERANCE:
+        # the gradient is a sum over the pairs: its rounding noise grows with their number, so the
+        # tolerance does too (a fixed one is never met on 10^4 pairs and every step backtracks)
+        if abs(g_slope) < _TOLERANCE * len(xs) and abs(g_intercept) < _TOLERANCE * len(xs):
             break
         determinant = h_ss * h_ii - h_si * h_si
         if determinant <= 0.0:
@@ -285,7 +287,9 @@ def fit_platt(probabilities: Sequence[float], labels: Sequence[bool]) -> PlattMa
         else:
             break
         slope, intercept = slope + size * step_slope, intercept + size * step_intercept
-        current = candidate
+        improvement, current = current - candidate, candidate
+        if improvement <= 1e-13 * abs(current):  # at the optimum to the precision of a float sum
+            break
     return PlattMapping(slope=slope, intercept=intercept)
 
 

@@ -1,43 +1,41 @@
-"""Reading decision records and labels, and joining them into (p, relevant) pairs.
+"""Reading decision records: validated line by line, streamed, so memory grows with labels.
 
-Records are the JSONL a :class:`~llama_jev.JsonlObserver` writes; labels are JSONL lines
-``{"node_id": ..., "relevant": true|false}`` with either ``"decision_id"`` or ``"query"``
-(``"relevant"`` is a JSON boolean, never 1 / 0; ``null`` is a sheet row not labelled yet:
-counted, not used). A CSV sheet's cells are text, so there true / false, yes / no and 1 / 0 all
-read, and an empty cell is not labelled yet. Every problem is
-reported with the file and line it came from, and nothing is dropped silently: error records,
-unjoined labels and disagreeing duplicates are counted and returned.
+Records are the JSONL a :class:`~llama_jev.JsonlObserver` writes; SHADOW logs grow with traffic
+while labels do not. :func:`scan_records` reads them once and keeps whole only the decisions a
+label can join (by ``decision_id`` or ``query_key``); of every other record it keeps what a
+replay of ENFORCE needs (status and highest p, 9 bytes) and the counts the report shows.
+Every problem is reported with the file and line it came from.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from llama_jev.core.errors import JevError
-from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT, DecisionRecord, Status, query_key
+from llama_jev.core.records import DecisionRecord, Status
 
 __all__ = [
     "CalibrationInputError",
     "InsufficientLabelsError",
-    "JoinedLabels",
-    "Label",
-    "LabelledPair",
     "LoggedDecision",
     "MixedRecordsError",
-    "join_labels",
-    "load_labels",
+    "RecordsInput",
+    "ScannedRecords",
+    "json_lines",
     "load_records",
+    "scan_records",
     "select_records",
 ]
 
-_EXAMPLES = 5  # how many unjoined / conflicting labels a report lists by id
+_MAX_LISTED = 20  # bad lines listed one by one in an error; the rest are counted
 
 
 class CalibrationInputError(JevError, ValueError):
@@ -45,19 +43,49 @@ class CalibrationInputError(JevError, ValueError):
 
     Attributes:
         path: the file the problem is in (``None`` for in-memory input).
-        line: the 1-based line number (``None`` when the problem is not one line's).
+        line: the 1-based line number of the (first) bad line (``None`` when not one line's).
+        problems: every bad line as ``(line, problem)``, when several were found.
     """
 
-    def __init__(self, problem: str, *, path: str | os.PathLike[str] | None = None, line: int | None = None) -> None:
+    def __init__(
+        self,
+        problem: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        line: int | None = None,
+        problems: Sequence[tuple[int, str]] = (),
+    ) -> None:
         self.problem = problem
         self.path = None if path is None else str(path)
         self.line = line
-        where = ""
-        if self.path is not None:
-            where = f"{self.path}:{line}: " if line is not None else f"{self.path}: "
-        elif line is not None:
-            where = f"item {line}: "
-        super().__init__(where + problem)
+        self.problems = tuple(problems)
+        super().__init__(_where(self.path, line) + problem)
+
+    @classmethod
+    def from_lines(
+        cls, problems: Sequence[tuple[int, str]], *, path: str | os.PathLike[str] | None, what: str
+    ) -> CalibrationInputError:
+        """One error for every bad line: each named ``file:line: problem``, one per line of text."""
+        if len(problems) == 1:
+            line, problem = problems[0]
+            return cls(problem, path=path, line=line, problems=problems)
+        shown = [
+            _where(None if path is None else str(path), line) + problem for line, problem in problems[:_MAX_LISTED]
+        ]
+        more = len(problems) - len(shown)
+        text = f"{len(problems)} bad {what} (fix them all, then run again):\n  " + "\n  ".join(shown)
+        if more:
+            text += f"\n  ... and {more} more"
+        error = cls(text, problems=problems)
+        error.path = None if path is None else str(path)
+        error.line = problems[0][0]
+        return error
+
+
+def _where(path: str | None, line: int | None) -> str:
+    if path is not None:
+        return f"{path}:{line}: " if line is not None else f"{path}: "
+    return f"item {line}: " if line is not None else ""
 
 
 class InsufficientLabelsError(CalibrationInputError):
@@ -92,49 +120,21 @@ class LoggedDecision:
     model: str | None = None
 
 
-@dataclass(frozen=True)
-class Label:
-    """One human judgement: is ``node_id`` relevant for a decision (or for a query's key)?"""
-
-    node_id: str
-    relevant: bool
-    decision_id: str | None = None
-    query_key: str | None = None
-    source: str = ""
-    """Where it came from (``file:line``), for reports of conflicts and unjoined labels."""
+# --- reading ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LabelledPair:
-    """A joined label: the judge's ``p`` for ``node_id`` in ``decision_id`` and the truth."""
-
-    decision_id: str
-    node_id: str
-    p: float
-    relevant: bool
-    group: str
-    """The split unit: the query key when the record has one, else the decision id."""
-
-
-@dataclass(frozen=True)
-class JoinedLabels:
-    """The result of :func:`join_labels`: usable pairs and what could not be used, counted."""
-
-    pairs: tuple[LabelledPair, ...]
-    unjoined: int = 0
-    unjoined_examples: tuple[dict[str, str], ...] = ()
-    conflicts: int = 0
-    conflict_examples: tuple[dict[str, str], ...] = ()
-    on_error_records: int = 0
-    unlabelled: int = 0
-    duplicates: int = 0
-    by: tuple[str, ...] = field(default=())
+def json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` for every non-blank line; the first bad one raises."""
+    for number, line in _text_lines(path):
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise CalibrationInputError(
+                f"not valid JSON ({error.msg} at column {error.colno})", path=path, line=number
+            ) from None
 
 
-# --- reading --------------------------------------------------------------------------------
-
-
-def _json_lines(path: Path) -> Iterable[tuple[int, Any]]:
+def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
         handle = path.open("rb")  # decoded line by line, so a bad byte is reported at its line
     except OSError as error:
@@ -146,23 +146,19 @@ def _json_lines(path: Path) -> Iterable[tuple[int, Any]]:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
             except UnicodeDecodeError:
                 raise CalibrationInputError("not UTF-8 text", path=path, line=number) from None
-            if not line:
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as error:
-                raise CalibrationInputError(
-                    f"not valid JSON ({error.msg} at column {error.colno})", path=path, line=number
-                ) from None
+            if line:
+                yield number, line
 
 
-def _probability(value: Any) -> bool:
+def probability(value: Any) -> bool:
+    """Whether ``value`` is a number (not a bool) in [0, 1]."""
     return (
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0.0 <= value <= 1.0
     )
 
 
-def _text(entry: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+def text_field(entry: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+    """``entry[key]`` as a non-blank string (``None`` when absent and not required)."""
     value = entry.get(key)
     if value is None and not required:
         return None
@@ -171,63 +167,89 @@ def _text(entry: Mapping[str, Any], key: str, *, required: bool = True) -> str |
     return value
 
 
+_STATUSES = {status.value: status for status in Status}
+
+
 def _decision(entry: Any) -> LoggedDecision:
     if isinstance(entry, DecisionRecord):
         entry = entry.model_dump(mode="json")
     if not isinstance(entry, Mapping):
         raise ValueError(f"a record must be a JSON object, got {type(entry).__name__}")
     status_value = entry.get("status")
-    try:
-        status = Status(status_value)
-    except ValueError:
-        raise ValueError(f"'status' must be one of {[s.value for s in Status]}, got {status_value!r}") from None
+    status = _STATUSES.get(status_value) if isinstance(status_value, str) else None
+    if status is None:
+        raise ValueError(f"'status' must be one of {[s.value for s in Status]}, got {status_value!r}")
     scores = entry.get("scores", {})
     if not isinstance(scores, Mapping):
         raise ValueError("'scores' must be an object node id -> probability")
-    for node_id, p in scores.items():
-        if not _probability(p):
-            raise ValueError(f"score of node {node_id!r} must be a probability in [0, 1], got {p!r}")
+    _check_scores(scores)
     model = entry.get("model")
     return LoggedDecision(
-        decision_id=str(_text(entry, "decision_id")),
-        purpose=str(_text(entry, "purpose")),
-        version=str(_text(entry, "version")),
+        decision_id=str(text_field(entry, "decision_id")),
+        purpose=str(text_field(entry, "purpose")),
+        version=str(text_field(entry, "version")),
         status=status,
-        scores={str(node_id): float(p) for node_id, p in scores.items()},
-        query_key=_text(entry, "query_key", required=False),
+        scores=scores if isinstance(scores, dict) else dict(scores),
+        query_key=text_field(entry, "query_key", required=False),
         model=model if isinstance(model, str) else None,
     )
 
 
+_NUMBERS = frozenset({float, int})
+
+
+def _check_scores(scores: Mapping[str, Any]) -> None:
+    """Every score a probability in [0, 1]. Checked in C-level passes first (types, bounds, a sum
+    that is finite only without NaN or infinity): logs run to millions of records."""
+    values = scores.values()
+    if not values:
+        return
+    if (
+        set(map(type, values)) <= _NUMBERS
+        and math.isfinite(math.fsum(values))
+        and min(values) >= 0.0
+        and max(values) <= 1.0
+    ):
+        return
+    for node_id, p in scores.items():
+        if not probability(p):
+            raise ValueError(f"score of node {node_id!r} must be a probability in [0, 1], got {p!r}")
+
+
 RecordsInput = str | os.PathLike[str] | Iterable[DecisionRecord | Mapping[str, Any]]
-LabelsInput = str | os.PathLike[str] | Iterable[Label | Mapping[str, Any]]
+
+
+def _items(records: RecordsInput) -> tuple[Path | None, Iterable[tuple[int, Any]]]:
+    if isinstance(records, (str, os.PathLike)):
+        path = Path(records)
+        return path, json_lines(path)
+    return None, enumerate(records, start=1)
+
+
+def _decisions(path: Path | None, items: Iterable[tuple[int, Any]]) -> Iterator[tuple[int, LoggedDecision]]:
+    for number, entry in items:
+        try:
+            yield number, _decision(entry)
+        except ValueError as error:
+            raise CalibrationInputError(f"not a decision record: {error}", path=path, line=number) from None
 
 
 def load_records(records: RecordsInput) -> list[LoggedDecision]:
-    """Read decision records from a JSONL path, or from ``DecisionRecord`` objects / dicts.
+    """Read every decision record from a JSONL path, or from ``DecisionRecord`` objects / dicts.
 
     Fields calibration does not use are ignored (so logs with ``include_user=True`` or from a
     newer version still read). Duplicate ``decision_id`` values are refused: labels could not
-    say which one they mean.
+    say which one they mean. This holds every record in memory; :func:`calibrate` streams instead.
 
     Raises:
         CalibrationInputError: naming the file and line of the first bad record.
     """
-    path = Path(records) if isinstance(records, (str, os.PathLike)) else None
-    items: Iterable[tuple[int, Any]] = _json_lines(path) if path is not None else enumerate(records, start=1)  # type: ignore[arg-type]
+    path, items = _items(records)
     decisions: list[LoggedDecision] = []
     seen: dict[str, int] = {}
-    for number, entry in items:
-        try:
-            decision = _decision(entry)
-        except ValueError as error:
-            raise CalibrationInputError(f"not a decision record: {error}", path=path, line=number) from None
+    for number, decision in _decisions(path, items):
         if decision.decision_id in seen:
-            raise CalibrationInputError(
-                f"decision_id {decision.decision_id!r} appears twice (first at line {seen[decision.decision_id]})",
-                path=path,
-                line=number,
-            )
+            raise _duplicate(decision.decision_id, seen[decision.decision_id], number, path)
         seen[decision.decision_id] = number
         decisions.append(decision)
     if not decisions:
@@ -235,95 +257,149 @@ def load_records(records: RecordsInput) -> list[LoggedDecision]:
     return decisions
 
 
-def _relevant(value: Any, *, text: bool) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    if text and isinstance(value, str):  # CSV cells are text; only there is "1" a spelling of true
-        lowered = value.strip().lower()
-        if lowered in {"true", "yes", "1", "y"}:
-            return True
-        if lowered in {"false", "no", "0", "n"}:
-            return False
-        if not lowered:
-            return None
-    # JSON has a boolean type: a 1, 0 or "yes" there is a different export or a slip, not a label
-    raise ValueError(f"'relevant' must be true or false (a JSON boolean; null: not labelled yet), got {value!r}")
+def _duplicate(decision_id: str, first: int, line: int, path: Path | None) -> CalibrationInputError:
+    return CalibrationInputError(
+        f"decision_id {decision_id!r} appears twice (first at line {first})", path=path, line=line
+    )
 
 
-def _label(entry: Any, secret: str | bytes | None, source: str, *, text: bool = False) -> Label | None:
-    if isinstance(entry, Label):
-        return entry
-    if not isinstance(entry, Mapping):
-        raise ValueError(f"a label must be a JSON object, got {type(entry).__name__}")
-    node_id = str(_text(entry, "node_id"))
-    if "relevant" not in entry:  # null (an unfilled sheet row) is counted; a missing key is a wrong file
-        raise ValueError("'relevant' is missing: give true or false (null for a row not labelled yet)")
-    relevant = _relevant(entry["relevant"], text=text)
-    if relevant is None:
-        return None  # a sheet row nobody has filled in yet
-    decision_id = entry.get("decision_id") or None
-    query = entry.get("query") or None
-    if decision_id is None and query is None:
-        raise ValueError("a label needs 'decision_id' (a record's id) or 'query' (joined through query_key)")
-    if decision_id is not None:
-        return Label(node_id=node_id, relevant=relevant, decision_id=str(_text(entry, "decision_id")), source=source)
-    if not isinstance(query, str):
-        raise ValueError(f"'query' must be a string, got {query!r}")
-    if secret is None:
-        raise ValueError(
-            "labels with 'query' join through query_key: pass --query-key-secret (query_key_secret=) "
-            f"or set {QUERY_KEY_SECRET_ENVIRONMENT} to the secret the records were written with"
-        )
-    return Label(node_id=node_id, relevant=relevant, query_key=query_key(query, secret), source=source)
+# --- streaming --------------------------------------------------------------------------------
+
+# Status codes of the replay arrays (one byte per record).
+_CODES = {Status.DECIDED: 0, Status.INCONCLUSIVE: 1, Status.ERROR: 2, Status.SKIPPED: 3, Status.CANCELLED: 4}
+CODE_STATUS = {code: status for status, code in _CODES.items()}
 
 
-def load_labels(labels: LabelsInput, *, query_key_secret: str | bytes | None = None) -> tuple[list[Label], int]:
-    """Read labels from a JSONL (or CSV) path, or from ``Label`` objects / dicts.
+@dataclass
+class ScannedRecords:
+    """One pass over the records, for one purpose and version.
 
-    Returns the labels and how many rows had no ``relevant`` value yet (an unfinished sheet).
-    The secret defaults to ``LLAMA_JEV_QUERY_KEY_SECRET``; it is needed only for labels with
-    ``query``.
+    ``kept``: the decisions labels can join, whole. ``statuses`` / ``top``: per record, its
+    status code and highest p (-1.0 without scores), enough to replay ENFORCE at any thresholds.
+    """
+
+    kept: list[LoggedDecision]
+    statuses: array[int]
+    top: array[float]
+    purpose: str
+    version: str
+    models: list[str]
+    records: int
+    errors: int
+    skipped: int
+    kept_rows: dict[str, int] = field(default_factory=dict)
+    """The row of each kept decision in ``statuses`` / ``top`` (for replays of a subset)."""
+
+
+def scan_records(
+    records: RecordsInput,
+    *,
+    decision_ids: frozenset[str] = frozenset(),
+    query_keys: frozenset[str] = frozenset(),
+    purpose: str | None = None,
+    version: str | None = None,
+) -> ScannedRecords:
+    """Read ``records`` once, keeping whole only the decisions in ``decision_ids`` or with a
+    ``query_key`` in ``query_keys`` (what labels name), and 9 bytes of every other one.
+
+    Duplicate ``decision_id`` values are refused as in :func:`load_records`, found through
+    64-bit hashes (8 bytes a record) and confirmed by a second read only when two hashes meet.
 
     Raises:
-        CalibrationInputError: naming the file and line of the first bad label.
+        CalibrationInputError: a bad record (file and line), no record, a duplicate id.
+        MixedRecordsError: several purposes / versions / probability scales and none chosen.
     """
-    secret = query_key_secret or os.environ.get(QUERY_KEY_SECRET_ENVIRONMENT) or None
-    path = Path(labels) if isinstance(labels, (str, os.PathLike)) else None
-    items: Iterable[tuple[int, Any]]
-    is_csv = path is not None and path.suffix.lower() == ".csv"
-    if path is not None and is_csv:
-        items = _csv_rows(path)
-    elif path is not None:
-        items = _json_lines(path)
-    else:
-        items = enumerate(labels, start=1)  # type: ignore[arg-type]
-    result: list[Label] = []
-    unlabelled = 0
-    for number, entry in items:
-        source = f"{path}:{number}" if path is not None else f"item {number}"
-        try:
-            label = _label(entry, secret, source, text=is_csv)
-        except ValueError as error:
-            raise CalibrationInputError(f"not a label: {error}", path=path, line=number) from None
-        if label is None:
-            unlabelled += 1
-        else:
-            result.append(label)
-    return result, unlabelled
+    if not isinstance(records, (str, os.PathLike)) and not isinstance(records, (list, tuple)):
+        records = list(records)  # in memory already; read twice when a duplicate id is suspected
+    path, items = _items(records)
+    kept: list[LoggedDecision] = []
+    kept_rows: dict[str, int] = {}
+    statuses, top = array("b"), array("d")
+    hashes = array("q")
+    sets: dict[tuple[str, str], int] = {}
+    models: set[str] = set()
+    total = errors = skipped = 0
+    for _, decision in _decisions(path, items):
+        total += 1
+        hashes.append(hash(decision.decision_id))
+        group = (decision.purpose, decision.version)
+        sets[group] = sets.get(group, 0) + 1
+        if (purpose is not None and decision.purpose != purpose) or (
+            version is not None and decision.version != version
+        ):
+            continue
+        if decision.model:
+            models.add(decision.model)
+        if decision.status is Status.ERROR:
+            errors += 1
+        elif decision.status in (Status.SKIPPED, Status.CANCELLED):
+            skipped += 1
+        if decision.decision_id in decision_ids or (
+            decision.query_key is not None and decision.query_key in query_keys
+        ):
+            kept_rows[decision.decision_id] = len(statuses)
+            kept.append(decision)
+        statuses.append(_CODES[decision.status])
+        top.append(max(decision.scores.values(), default=-1.0))
+    if not total:
+        raise CalibrationInputError("no decision records (nothing to calibrate)", path=path)
+    _check_unique(hashes, records, path)
+    del hashes
+    chosen = _check_selection(sets, models, purpose, version)
+    return ScannedRecords(
+        kept=kept,
+        statuses=statuses,
+        top=top,
+        purpose=chosen[0],
+        version=chosen[1],
+        models=sorted(models),
+        records=len(statuses),
+        errors=errors,
+        skipped=skipped,
+        kept_rows=kept_rows,
+    )
 
 
-def _csv_rows(path: Path) -> Iterable[tuple[int, Any]]:
-    try:
-        # -sig: a spreadsheet saving "CSV UTF-8" starts the header with a BOM
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            # line 1 is the header, so the first row is line 2 of the file
-            rows = list(csv.DictReader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise CalibrationInputError(f"cannot read the CSV file: {error}", path=path) from None
-    return enumerate(rows, start=2)
+def _check_unique(hashes: array[int], records: RecordsInput, path: Path | None) -> None:
+    ordered = sorted(hashes)
+    suspects = {a for a, b in pairwise(ordered) if a == b}
+    del ordered
+    if not suspects:
+        return
+    seen: dict[str, int] = {}
+    _, items = _items(records)
+    for number, decision in _decisions(path, items):
+        if hash(decision.decision_id) not in suspects:
+            continue
+        if decision.decision_id in seen:
+            raise _duplicate(decision.decision_id, seen[decision.decision_id], number, path)
+        seen[decision.decision_id] = number
 
 
-# --- selecting and joining --------------------------------------------------------------------
+def _check_selection(
+    sets: Mapping[tuple[str, str], int], models: set[str], purpose: str | None, version: str | None
+) -> tuple[str, str]:
+    chosen = sorted(
+        group for group in sets if (purpose is None or group[0] == purpose) and (version is None or group[1] == version)
+    )
+    if not chosen:
+        raise MixedRecordsError(
+            f"no record has purpose={purpose!r} version={version!r}; the records hold (purpose, version) {sorted(sets)}"
+        )
+    for index, (key, option) in enumerate((("purpose", "--purpose"), ("version", "--version"))):
+        values = sorted({group[index] for group in chosen})
+        if len(values) > 1:
+            raise MixedRecordsError(
+                f"the records mix {len(values)} {key}s {values}: calibrating them together would blend "
+                f"different set-ups; choose one with {option} (API: {key}=)"
+            )
+    if len({_scale(model) for model in models}) > 1:
+        raise MixedRecordsError(
+            f"the records mix raw and mapped probabilities (models {sorted(models)}; a CalibratedJudge writes "
+            "<model>+<mapping>): thresholds over both scales would mean nothing; give each set-up its own "
+            "ExecutionOptions(version=...) and choose one with --version (API: version=)"
+        )
+    return chosen[0]
 
 
 def select_records(
@@ -335,122 +411,16 @@ def select_records(
         MixedRecordsError: more than one purpose or version and none selected, the selection
             matches nothing, or it mixes a judge's raw probabilities with mapped ones.
     """
+    sets: dict[tuple[str, str], int] = {}
+    for d in decisions:
+        sets[(d.purpose, d.version)] = sets.get((d.purpose, d.version), 0) + 1
     chosen = [
         d for d in decisions if (purpose is None or d.purpose == purpose) and (version is None or d.version == version)
     ]
-    if not chosen:
-        available = sorted({(d.purpose, d.version) for d in decisions})
-        raise MixedRecordsError(
-            f"no record has purpose={purpose!r} version={version!r}; the records hold (purpose, version) {available}"
-        )
-    for key, option in (("purpose", "--purpose"), ("version", "--version")):
-        values = sorted({getattr(d, key) for d in chosen})
-        if len(values) > 1:
-            raise MixedRecordsError(
-                f"the records mix {len(values)} {key}s {values}: calibrating them together would blend "
-                f"different set-ups; choose one with {option} (API: {key}=)"
-            )
-    scales = {_scale(d.model) for d in chosen if d.model}
-    if len(scales) > 1:
-        models = sorted({d.model for d in chosen if d.model})
-        raise MixedRecordsError(
-            f"the records mix raw and mapped probabilities (models {models}; a CalibratedJudge writes "
-            "<model>+<mapping>): thresholds over both scales would mean nothing; give each set-up its own "
-            "ExecutionOptions(version=...) and choose one with --version (API: version=)"
-        )
+    _check_selection(sets, {d.model for d in chosen if d.model}, purpose, version)
     return chosen
 
 
 def _scale(model: str) -> str:
     """``"raw"``, or the mapping a :class:`~llama_jev.CalibratedJudge` appended (``jev-1+platt``)."""
     return model.rpartition("+")[2] if "+" in model else "raw"
-
-
-def join_labels(decisions: Sequence[LoggedDecision], labels: Sequence[Label], *, unlabelled: int = 0) -> JoinedLabels:
-    """Join labels to the judge's probabilities, by ``decision_id`` or through ``query_key``.
-
-    A label by ``query`` joins every decision with that query key that judged the node (the same
-    question asked twice gives two pairs). Labels on ERROR decisions are counted, never used. Two
-    labels that reach the same (decision, node) and disagree are both dropped and reported; equal
-    duplicates count once.
-    """
-    by_id = {d.decision_id: d for d in decisions}
-    by_key: dict[str, list[LoggedDecision]] = {}
-    for decision in decisions:
-        if decision.query_key is not None:
-            by_key.setdefault(decision.query_key, []).append(decision)
-
-    truth: dict[tuple[str, str], tuple[bool, str]] = {}
-    conflicting: set[tuple[str, str]] = set()
-    conflict_examples: list[dict[str, str]] = []
-    unjoined_examples: list[dict[str, str]] = []
-    unjoined = on_error = duplicates = 0
-    ways: set[str] = set()
-
-    for label in labels:
-        if label.decision_id is not None:
-            targets = [by_id[label.decision_id]] if label.decision_id in by_id else []
-            ways.add("decision_id")
-        else:
-            targets = list(by_key.get(label.query_key or "", []))
-            ways.add("query")
-        judged = [d for d in targets if label.node_id in d.scores]
-        usable = [d for d in judged if d.status is not Status.ERROR]
-        if judged and not usable:
-            on_error += 1
-            continue
-        if not usable:
-            unjoined += 1
-            if len(unjoined_examples) < _EXAMPLES:
-                why = "no such decision" if not targets else "node not judged in that decision"
-                if label.decision_id is None and not targets:
-                    why = "no record with that query's key"
-                unjoined_examples.append(
-                    {
-                        "decision_id": label.decision_id or "",
-                        "node_id": label.node_id,
-                        "reason": why,
-                        "at": label.source,
-                    }
-                )
-            continue
-        for decision in usable:
-            pair = (decision.decision_id, label.node_id)
-            if pair not in truth:
-                truth[pair] = (label.relevant, label.source)
-            elif truth[pair][0] == label.relevant:
-                duplicates += 1
-            elif pair not in conflicting:
-                conflicting.add(pair)
-                if len(conflict_examples) < _EXAMPLES:
-                    conflict_examples.append(
-                        {
-                            "decision_id": pair[0],
-                            "node_id": pair[1],
-                            "first": truth[pair][1],
-                            "second": label.source,
-                        }
-                    )
-
-    pairs = tuple(
-        LabelledPair(
-            decision_id=decision_id,
-            node_id=node_id,
-            p=by_id[decision_id].scores[node_id],
-            relevant=relevant,
-            group=by_id[decision_id].query_key or decision_id,
-        )
-        for (decision_id, node_id), (relevant, _) in sorted(truth.items())
-        if (decision_id, node_id) not in conflicting
-    )
-    return JoinedLabels(
-        pairs=pairs,
-        unjoined=unjoined,
-        unjoined_examples=tuple(unjoined_examples),
-        conflicts=len(conflicting),
-        conflict_examples=tuple(conflict_examples),
-        on_error_records=on_error,
-        unlabelled=unlabelled,
-        duplicates=duplicates,
-        by=tuple(sorted(ways)),
-    )

@@ -10,6 +10,7 @@ from typing import Any
 from llama_jev.calibration.html import render_report
 from llama_jev.calibration.results import (
     AcceptThreshold,
+    AgreementSummary,
     CalibrationFindings,
     EnforceReplay,
     HoldoutResult,
@@ -23,6 +24,7 @@ from llama_jev.calibration.results import (
 
 __all__ = [
     "AcceptThreshold",
+    "AgreementSummary",
     "CalibrationReport",
     "EnforceReplay",
     "HoldoutResult",
@@ -38,9 +40,11 @@ __all__ = [
 class CalibrationReport(CalibrationFindings):
     """The result of :func:`~llama_jev.calibration.calibrate` (and of the CLI's ``--json``).
 
-    ``recommended`` is ``None`` when no thresholds meet the targets (``reason`` says why).
-    ``holdout`` measures the recommendation on the held-out split; ``thresholds`` is the accept
-    sweep on the calibration split, where the choice is made; ``ece``, ``brier`` and
+    ``recommended`` is ``None`` unless the thresholds chosen on the calibration split were
+    proven on the held-out split; then ``reason`` says why, and ``candidate`` holds the
+    unproven choice (``None`` when nothing met the targets even on the calibration split).
+    ``holdout`` measures the candidate (the recommendation, when proven) on the held-out split;
+    ``thresholds`` is the accept sweep on the calibration split, where the choice is made; ``ece``, ``brier`` and
     ``reliability`` describe the judge on every joined pair. ``mapping`` is a Platt mapping
     fitted on the calibration split (load it with ``mapping_from_dict`` and wrap the judge in
     ``CalibratedJudge`` when the raw probabilities are off).
@@ -64,12 +68,13 @@ class CalibrationReport(CalibrationFindings):
         """The report as one JSON object (the CLI's ``--json`` output)."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def to_html(self) -> str:
-        """One self-contained HTML page: inline SVG charts, no script, no network."""
-        return render_report(self)
+    def to_html(self, *, cli: bool = False) -> str:
+        """One self-contained HTML page: inline SVG charts, no script, no network (``cli``: its
+        advice worded for the command line rather than for this Python object)."""
+        return render_report(self, cli=cli)
 
-    def write_html(self, path: str | os.PathLike[str]) -> Path:
+    def write_html(self, path: str | os.PathLike[str], *, cli: bool = False) -> Path:
         """Write :meth:`to_html` to ``path`` (UTF-8) and return the path."""
         target = Path(path)
-        target.write_text(self.to_html(), encoding="utf-8")
+        target.write_text(self.to_html(cli=cli), encoding="utf-8")
         return target

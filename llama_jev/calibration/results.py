@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "AcceptThreshold",
+    "AgreementSummary",
     "CalibrationFindings",
     "EnforceReplay",
     "HoldoutResult",
@@ -98,7 +99,7 @@ class EnforceReplay(_Frozen):
 
 
 class HoldoutResult(_Frozen):
-    """The recommended thresholds measured on the held-out split only (``None``: undefined,
+    """The candidate (the recommended thresholds, when proven) measured on the held-out split only (``None``: undefined,
     e.g. precision when nothing was selected)."""
 
     labels: int
@@ -156,6 +157,16 @@ class ProblemSummary(_Frozen):
     examples: list[dict[str, str]]
 
 
+class AgreementSummary(_Frozen):
+    """Two labellers on the pairs both labelled: Cohen's kappa (1 always agree, 0 chance level),
+    how many pairs, and how many they disagreed on (left out of calibration)."""
+
+    kappa: float
+    pairs: int
+    disagreements: int
+    labellers: list[str]
+
+
 class CalibrationFindings(_Frozen):
     """The fields of :class:`~llama_jev.calibration.report.CalibrationReport` (see there)."""
 
@@ -163,7 +174,13 @@ class CalibrationFindings(_Frozen):
     relevant: int
     irrelevant: int
     recommended: RecommendedThresholds | None
+    """The thresholds to use: chosen on the calibration split and proven on the held-out split."""
+    candidate: RecommendedThresholds | None
+    """The thresholds chosen on the calibration split, proven or not (``None``: none met the targets)."""
     reason: str | None
+    """Why ``recommended`` is ``None``: the targets missed, or the miss on the held-out split."""
+    labels_needed: int | None = None
+    """About how many more labels would let the held-out split prove the candidate."""
     targets: dict[str, float]
     holdout: HoldoutResult | None
     ece: float
@@ -172,13 +189,15 @@ class CalibrationFindings(_Frozen):
     thresholds: list[AcceptThreshold]
     reject_thresholds: list[RejectThreshold]
     enforce: EnforceReplay | None
-    """Every logged retrieval replayed at the recommended thresholds."""
+    """Every logged retrieval replayed at the candidate (the recommended thresholds when proven)."""
     enforce_default: EnforceReplay
     """Every logged retrieval replayed at the default 0.2 / 0.8."""
     split: SplitSummary
     log: LogSummary
     unjoined: ProblemSummary
     conflicts: ProblemSummary
+    agreement: AgreementSummary | None
+    """Cohen's kappa of two labellers where their labels overlap (``None``: no overlap)."""
     labels_on_error_records: int
     unlabelled: int
     duplicate_labels: int
@@ -187,5 +206,5 @@ class CalibrationFindings(_Frozen):
 
     @property
     def exit_code(self) -> int:
-        """0 when thresholds are recommended, 1 when the targets are not met on the data."""
+        """0 when thresholds are recommended (proven on held-out data), 1 otherwise."""
         return 0 if self.recommended is not None else 1

@@ -2,9 +2,11 @@
 
 Conventions (the selector's): a candidate is *selected* at ``p >= accept``, *rejected* at
 ``p <= reject`` and *uncertain* in between. The recommended thresholds are *observed*
-probabilities of the labelled pairs (:func:`choose_thresholds`): a threshold between two observed
+probabilities of the labelled pairs rounded to 3 decimals toward caution (``accept`` up,
+``reject`` down; :func:`choose_thresholds`): a threshold further into a gap between two observed
 values would reach into a range no label speaks for (with levels 0.55 and 0.65 only, an accept of
-0.56 accepts a future 0.6 on no evidence). The sweeps shown to people run on a grid of 0.01.
+0.56 accepts a future 0.6 on no evidence). Every figure of a choice is computed at the rounded
+value. The sweeps shown to people run on a grid of 0.01.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ __all__ = [
     "choose_accept",
     "choose_reject",
     "choose_thresholds",
+    "cohen_kappa",
     "enforce_outcomes",
     "expected_calibration_error",
     "format_threshold",
     "observed_thresholds",
     "reliability_table",
+    "round_accept",
+    "round_reject",
     "split_by_group",
     "sweep_accept",
     "sweep_reject",
@@ -167,6 +172,32 @@ def observed_thresholds(pairs: Sequence[Pair]) -> list[float]:
     return sorted({p for p, _ in pairs})
 
 
+def round_accept(value: float) -> float:
+    """``value`` rounded up to 3 decimals: an accept threshold rounded toward caution.
+
+    Example:
+        >>> round_accept(0.6665153279428729), round_accept(0.667), round_accept(0.9996)
+        (0.667, 0.667, 1.0)
+    """
+    rounded = round(value, 3)
+    if rounded < value:
+        rounded = round(rounded + 0.001, 3)
+    return min(rounded, 1.0)
+
+
+def round_reject(value: float) -> float:
+    """``value`` rounded down to 3 decimals: a reject threshold rounded toward caution.
+
+    Example:
+        >>> round_reject(0.6229149568954854), round_reject(0.05)
+        (0.622, 0.05)
+    """
+    rounded = round(value, 3)
+    if rounded > value:
+        rounded = round(rounded - 0.001, 3)
+    return max(rounded, 0.0)
+
+
 def choose_accept(rows: Sequence[AcceptRow], target_precision: float) -> AcceptRow | None:
     """The lowest threshold whose precision lower bound meets ``target_precision``, if any."""
     meeting = [row for row in rows if row.precision_lower >= target_precision]
@@ -190,11 +221,11 @@ class ThresholdChoice:
 
 
 def choose_thresholds(pairs: Sequence[Pair], target_precision: float, min_npv: float) -> ThresholdChoice:
-    """Recommend thresholds at observed probabilities of ``pairs``.
+    """Recommend thresholds at observed probabilities of ``pairs``, rounded to 3 decimals.
 
-    ``accept`` is the lowest observed p whose one-sided 95% Wilson lower bound on the precision of
-    ``p >= accept`` meets ``target_precision``; ``reject`` the highest observed p *below accept*
-    whose lower bound on the NPV of ``p <= reject`` meets ``min_npv``. Precision is what ENFORCE
+    ``accept`` is the lowest observed p (rounded up) whose one-sided 95% Wilson lower bound on the precision of
+    ``p >= accept`` meets ``target_precision``; ``reject`` the highest observed p (rounded down)
+    *below accept* whose lower bound on the NPV of ``p <= reject`` meets ``min_npv``. Precision is what ENFORCE
     promises, so accept is chosen first: when the NPV would be met at or above it, reject stays at
     the highest qualifying observed p under accept (the band of uncertain values may then hold no
     labelled pair, never a negative width). No accept: ``reject`` is ``None`` too.
@@ -205,24 +236,62 @@ def choose_thresholds(pairs: Sequence[Pair], target_precision: float, min_npv: f
         >>> choice.reject.reject, choice.accept.accept
         (0.05, 0.95)
     """
-    candidates = observed_thresholds(pairs)
-    accept_rows = sweep_accept(pairs, candidates)
-    accept = choose_accept(accept_rows, target_precision)
-    reject = choose_reject(sweep_reject(pairs, candidates), min_npv, below=accept.accept) if accept else None
+    observed = observed_thresholds(pairs)
+    accept_rows = sweep_accept(pairs, observed)
+    accept = None
+    for row in accept_rows:  # ascending: the lowest observed p that meets the target ...
+        if row.precision_lower < target_precision:
+            continue
+        # ... rounded up (a future p just above the observed one is not let in on no evidence),
+        # and measured again there: the rounded value must meet the target by itself
+        rounded = sweep_accept(pairs, [round_accept(row.accept)])
+        if rounded and rounded[0].precision_lower >= target_precision:
+            accept = rounded[0]
+            break
+    reject = None
+    if accept is not None:
+        for reject_row in reversed(sweep_reject(pairs, observed)):  # descending: the highest ...
+            threshold = round_reject(reject_row.reject)
+            if reject_row.npv_lower < min_npv or threshold >= accept.accept:
+                continue
+            rounded_reject = sweep_reject(pairs, [threshold])  # ... rounded down, measured there
+            if rounded_reject and rounded_reject[0].npv_lower >= min_npv:
+                reject = rounded_reject[0]
+                break
     best = max(accept_rows, key=lambda row: row.precision_lower, default=None)
     return ThresholdChoice(accept=accept, reject=reject, best=best)
 
 
 def format_threshold(value: float) -> str:
-    """A threshold as text to copy into a setting: two decimals when that is exact, else every
-    digit (an observed 0.653 printed as 0.65 would reach into a range no label speaks for).
+    """A threshold as text to copy into a setting: 3 decimals (recommended thresholds are
+    rounded to 3 decimals toward caution, so this is exact for them).
 
     Example:
         >>> format_threshold(0.8), format_threshold(0.653)
-        ('0.80', '0.653')
+        ('0.800', '0.653')
     """
-    short = f"{value:.2f}"
-    return short if float(short) == value else repr(float(value))
+    return f"{value:.3f}"
+
+
+def cohen_kappa(answers: Sequence[tuple[bool, bool]]) -> float:
+    """Cohen's kappa of two labellers' answers on the same pairs: 1 when they always agree, 0
+    when they agree no more than chance would (negative: less). 1.0 when both gave one and the
+    same answer throughout (chance agreement is then total, and so is theirs).
+
+    Example:
+        >>> cohen_kappa([(True, True), (False, False), (True, False), (False, False)])
+        0.5
+    """
+    if not answers:
+        raise ValueError("kappa needs at least one pair labelled by both")
+    n = len(answers)
+    observed = sum(1 for a, b in answers if a == b) / n
+    first = sum(1 for a, _ in answers if a) / n
+    second = sum(1 for _, b in answers if b) / n
+    chance = first * second + (1 - first) * (1 - second)
+    if chance >= 1.0:
+        return 1.0 if observed >= 1.0 else 0.0
+    return (observed - chance) / (1 - chance)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ import os
 import time
 import unicodedata
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +27,7 @@ __all__ = [
     "Decision",
     "DecisionRecord",
     "ExecutionOptions",
+    "LabelSink",
     "Mode",
     "Observer",
     "Reason",
@@ -168,6 +169,18 @@ Observer = Callable[["RuntimeContext | None", DecisionRecord], Any]
 """``observer(ctx, record)``: called once per judgement; what it raises is logged and ignored."""
 
 
+@runtime_checkable
+class LabelSink(Protocol):
+    """Receives the text of judged retrievals for labelling (``llama_jev.calibration.LabelSampler``
+    is one). The engine calls :meth:`offer` after each judged retrieval; what it raises is
+    logged and ignored, like an observer's."""
+
+    def offer(self, record: DecisionRecord, query: str, candidates: Sequence[tuple[str, str]]) -> object:
+        """One judged retrieval: its record, the query and ``(node_id, text)`` of the candidates
+        the ACL let through (what the judge was asked about)."""
+        ...
+
+
 @dataclass(frozen=True)
 class ExecutionOptions:
     """How judgements run.
@@ -188,6 +201,10 @@ class ExecutionOptions:
             that never hold it. Defaults to ``LLAMA_JEV_QUERY_KEY_SECRET``; unset, no key is
             written. A plain hash would not do: short queries ("refund?") are guessed by hashing
             candidates, so without the secret the key would reveal the query.
+        label_sampler: opt-in, a :class:`LabelSink` such as
+            ``llama_jev.calibration.LabelSampler("samples.jsonl")`` that keeps the query and the
+            authorized candidates' text of a small share of judged retrievals for people to
+            label (the records never hold text).
 
     Example:
         >>> ExecutionOptions(mode="shadow", budget=1.5).mode
@@ -199,6 +216,7 @@ class ExecutionOptions:
     version: str = "v1"
     observer: Observer | None = field(default=None, compare=False)
     query_key_secret: str | bytes | None = field(default=None, compare=False, repr=False)
+    label_sampler: LabelSink | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -217,6 +235,8 @@ class ExecutionOptions:
                 "ExecutionOptions(mode=OFF) with an observer: OFF asks no judge and writes no DecisionRecord, "
                 "so the observer is never called; use Mode.SHADOW to record the judge's view without changing results"
             )
+        if self.label_sampler is not None and not callable(getattr(self.label_sampler, "offer", None)):
+            raise TypeError("label_sampler must have offer(record, query, candidates), e.g. a LabelSampler")
         secret = self.query_key_secret
         if secret is None:
             secret = os.environ.get(QUERY_KEY_SECRET_ENVIRONMENT) or None

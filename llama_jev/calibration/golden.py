@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llama_jev.core.context import RuntimeContext, runtime_context
-from llama_jev.core.records import DecisionRecord, Mode, Observer
+from llama_jev.core.records import DecisionRecord, LabelSink, Mode, Observer
 from llama_jev.engine.selector import CandidateSelector
 from llama_jev.retrieval.retriever import JevRetriever
 
@@ -78,8 +78,9 @@ def _golden(items: Iterable[GoldenQuery | Mapping[str, Any]]) -> list[GoldenQuer
     return [item if isinstance(item, GoldenQuery) else GoldenQuery.from_dict(item) for item in items]
 
 
-def _shadow(retriever: JevRetriever, sink: list[DecisionRecord]) -> JevRetriever:
-    """A SHADOW twin of ``retriever`` whose records also go to ``sink`` (and to its own observer)."""
+def _shadow(retriever: JevRetriever, sink: list[DecisionRecord], sampler: LabelSink | None) -> JevRetriever:
+    """A SHADOW twin of ``retriever`` whose records also go to ``sink`` (and to its own observer),
+    and whose judged retrievals go to ``sampler`` when one is given (else to its own, if any)."""
     selector = retriever.selector
     original: Observer | None = selector.options.observer
 
@@ -88,7 +89,9 @@ def _shadow(retriever: JevRetriever, sink: list[DecisionRecord]) -> JevRetriever
         if original is not None:
             original(ctx, record)
 
-    options = dataclasses.replace(selector.options, mode=Mode.SHADOW, observer=observer)
+    options = dataclasses.replace(
+        selector.options, mode=Mode.SHADOW, observer=observer, label_sampler=sampler or selector.options.label_sampler
+    )
     twin = CandidateSelector(
         selector.judge,
         options,
@@ -110,6 +113,23 @@ def _shadow(retriever: JevRetriever, sink: list[DecisionRecord]) -> JevRetriever
     )
 
 
+def _sampler(samples: str | os.PathLike[str] | None) -> LabelSink | None:
+    if samples is None:
+        return None
+    from llama_jev.calibration.samples import LabelSampler
+
+    return LabelSampler(samples, rate=1.0)
+
+
+def _progress(items: list[GoldenQuery], show: bool) -> Iterable[GoldenQuery]:
+    if not show:
+        return items
+    from tqdm import tqdm  # type: ignore[import-untyped]  # installed with llama-index-core
+
+    bar: Iterable[GoldenQuery] = tqdm(items, desc="golden queries (SHADOW)", unit="query")
+    return bar
+
+
 def _context(golden: GoldenQuery, ctx: RuntimeContext | None) -> RuntimeContext:
     chosen = golden.ctx or ctx
     if chosen is None:
@@ -122,13 +142,18 @@ def collect(
     golden: Iterable[GoldenQuery | Mapping[str, Any]],
     *,
     ctx: RuntimeContext | None = None,
+    samples: str | os.PathLike[str] | None = None,
+    show_progress: bool = False,
 ) -> Collected:
     """Run every golden query through a SHADOW copy of ``retriever``; return records and labels.
 
     The retriever itself is not changed (its mode may be anything); the copy uses the same
     upstream retriever, ACL, judge, thresholds, version and purpose, so the records are what
     SHADOW in production would write. Queries run one after another under their identity
-    (``GoldenQuery.ctx``, else ``ctx``).
+    (``GoldenQuery.ctx``, else ``ctx``). With ``samples`` (a path), every judged retrieval's query
+    and authorized passages are appended there too, as a :class:`LabelSampler` at rate 1 writes
+    them (mode 0600: it holds text), ready for ``python -m llama_jev.label_sheet --samples``.
+    ``show_progress`` shows a progress bar (LlamaIndex's convention; ``tqdm``).
 
     Example:
         >>> golden = [GoldenQuery("What are the refund conditions?", frozenset({"refund-policy"}))]
@@ -136,10 +161,11 @@ def collect(
         >>> report = calibrate(collected.records, collected.labels)  # doctest: +SKIP
     """
     collected = Collected()
-    for item in _golden(golden):
+    sampler = _sampler(samples)
+    for item in _progress(_golden(golden), show_progress):
         sink: list[DecisionRecord] = []
         with runtime_context(_context(item, ctx)):
-            _shadow(retriever, sink).retrieve(item.query)
+            _shadow(retriever, sink, sampler).retrieve(item.query)
         collected._add(item, sink)
     return collected
 
@@ -149,12 +175,15 @@ async def acollect(
     golden: Iterable[GoldenQuery | Mapping[str, Any]],
     *,
     ctx: RuntimeContext | None = None,
+    samples: str | os.PathLike[str] | None = None,
+    show_progress: bool = False,
 ) -> Collected:
     """:func:`collect` with ``aretrieve`` (for async-only upstream retrievers or clients)."""
     collected = Collected()
-    for item in _golden(golden):
+    sampler = _sampler(samples)
+    for item in _progress(_golden(golden), show_progress):
         sink: list[DecisionRecord] = []
         with runtime_context(_context(item, ctx)):
-            await _shadow(retriever, sink).aretrieve(item.query)
+            await _shadow(retriever, sink, sampler).aretrieve(item.query)
         collected._add(item, sink)
     return collected

@@ -77,9 +77,14 @@ def _replay(scanned: ScannedRecords, reject: float, accept: float, rows: Sequenc
     )
 
 
-def _floor3(value: float) -> str:
-    """A share as text rounded down: a held-out 0.6999 must not read as meeting a target of 0.7."""
-    return f"{math.floor(value * 1000 + 1e-9) / 1000:.3f}"
+def _below(value: float, target: float) -> str:
+    """A share under ``target`` as text: rounded as every other figure (0.7636 reads 0.764, as in the
+    held-out line), but rounded down where rounding would reach the target (0.6999 never reads 0.700
+    next to a target of 0.7)."""
+    shown = round(value, 3)
+    if shown >= target:
+        shown = math.floor(value * 1000 + 1e-9) / 1000
+    return f"{shown:.3f}"
 
 
 def _misses(band: BandMetrics, target_precision: float, min_npv: float, reject: float, accept: float) -> list[str]:
@@ -91,14 +96,14 @@ def _misses(band: BandMetrics, target_precision: float, min_npv: float, reject: 
             f"(at least {MIN_HELD_OUT} are needed to prove the precision)"
         )
     elif band.precision is not None and band.precision < target_precision:
-        misses.append(f"held-out precision {_floor3(band.precision)} < target {target_precision:g}")
+        misses.append(f"held-out precision {_below(band.precision, target_precision)} < target {target_precision:g}")
     if band.rejected < MIN_HELD_OUT:
         misses.append(
             f"only {band.rejected} held-out rejections at reject={format_threshold(reject)} "
             f"(at least {MIN_HELD_OUT} are needed to prove the NPV)"
         )
     elif band.npv is not None and band.npv < min_npv:
-        misses.append(f"held-out NPV {_floor3(band.npv)} < target {min_npv:g}")
+        misses.append(f"held-out NPV {_below(band.npv, min_npv)} < target {min_npv:g}")
     return misses
 
 
@@ -194,7 +199,7 @@ def calibrate(
     if accept_row is None:
         best = choice.best
         best_text = (
-            f"; the best is {_floor3(best.precision_lower)} at accept={format_threshold(best.accept)}" if best else ""
+            f"; the best is {_below(best.precision_lower, target_precision)} at accept={format_threshold(best.accept)}" if best else ""
         )
         reason = (
             f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "

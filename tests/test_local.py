@@ -330,10 +330,10 @@ def test_answers_are_deterministic_and_independent_of_the_other_candidates(judge
 
 
 def test_a_passage_gets_the_same_p_alone_and_among_50_others_batched_with_it(judge: LocalRelevanceJudge) -> None:
-    # 50 others of every length, from a few tokens to several windows: the refund passage shares
+    # 50 others of every length, from a few tokens to two windows: the refund passage shares
     # forward passes (and their padding) with different neighbours than when it is judged alone.
     words = FILLER.split()
-    others = {f"other{i}": " ".join(words[: 3 + (i * 37) % 400]) for i in range(50)}
+    others = {f"other{i}": " ".join(words[: 3 + (i * 37) % 160]) for i in range(50)}
     crowd = {**others, "refund": PASSAGES["refund"]}
 
     alone = probabilities(judge, REFUND_QUERY, {"refund": PASSAGES["refund"]})["refund"]

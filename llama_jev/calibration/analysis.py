@@ -198,9 +198,12 @@ def calibrate(
     holdout_result = None
     if accept_row is None:
         best = choice.best
-        best_text = (
-            f"; the best is {_below(best.precision_lower, target_precision)} at accept={format_threshold(best.accept)}" if best else ""
-        )
+        best_text = ""
+        if best:
+            best_text = (
+                f"; the best is {_below(best.precision_lower, target_precision)} "
+                f"at accept={format_threshold(best.accept)}"
+            )
         reason = (
             f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "
             f"calibration split ({len(calibration)} labels)"

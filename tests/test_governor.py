@@ -314,9 +314,7 @@ def test_queue_wait_reaches_the_record(jev_server: SystemOneTestServer) -> None:
     jev_server.set_latency(0.2)
     client = client_for(jev_server, max_in_flight=1)
     records = Records()
-    selector = CandidateSelector(
-        client, ExecutionOptions(mode=Mode.SHADOW, budget=5.0, observer=records), batch_size=1
-    )
+    selector = CandidateSelector(client, ExecutionOptions(mode=Mode.SHADOW, budget=5.0, observer=records), batch_size=1)
     decision = selector.select(QUERY, RELEVANCE_QUESTION, [Candidate("a", "x"), Candidate("b", "y")])
     assert decision.status is Status.INCONCLUSIVE or decision.status is Status.DECIDED
     (record,) = records.records

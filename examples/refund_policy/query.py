@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
     users = [kb.USER_BY_NAME[name] for name in args.user] if args.user else list(kb.USERS)
     started = time.perf_counter()  # the local judge loads its models when it is built
     embedding = choose_embedding()
-    judge = choose_judge(embedding.component)
+    judge = choose_judge()
     database = postgres.database_url()
     where = (
         postgres.describe(database, embedding.component)

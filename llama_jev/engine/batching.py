@@ -125,7 +125,6 @@ def classify(scores: Mapping[str, float], *, reject: float, accept: float) -> Se
     )
 
 
-
 _UNSENDABLE_REASONS: dict[type[Exception], Reason] = {
     CandidateTooLargeError: Reason.CANDIDATE_TOO_LARGE,
     QueryTooLargeError: Reason.QUERY_TOO_LARGE,

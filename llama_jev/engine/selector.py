@@ -323,9 +323,7 @@ class CandidateSelector:
             # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
             # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
             reason = _UNSENDABLE_REASONS[type(unsendable)]
-            empty = _Plan(
-                (), (), len(candidates), retrieved=retrieved, denied=denied, pushdown=pushdown, query_key=key
-            )
+            empty = _Plan((), (), len(candidates), retrieved=retrieved, denied=denied, pushdown=pushdown, query_key=key)
             record = self._record(empty, budget, Status.ERROR, reason)
             return self._observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
         if not plan.requests:

@@ -39,6 +39,7 @@ DRAFT_ID = "draft"
 
 # The contract's logger for SHADOW judge failures is "llama_jev" itself (not a submodule's).
 
+
 class ReviewStatus(str, Enum):
     """What a review did to the draft.
 

@@ -147,6 +147,7 @@ class AclPGVectorStore(PGVectorStore):
     def _holds(self, key: str) -> ColumnElement[bool]:
         return key_present(self._table_class.__table__.c.metadata_, key, jsonb=self.use_jsonb)
 
+
 def _version(text: str) -> tuple[int, ...]:
     """``"0.8.1"`` -> ``(0, 8, 1)``; a part that is not a number ends the version."""
     parts: list[int] = []

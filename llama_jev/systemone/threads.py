@@ -93,9 +93,7 @@ class BoundedCalls(Generic[T]):
             self._started.append(inner)
         inner.add_done_callback(lambda done: self._settle(outer, done))
 
-    def _settle(
-        self, outer: concurrent.futures.Future[T], inner: concurrent.futures.Future[T]
-    ) -> None:
+    def _settle(self, outer: concurrent.futures.Future[T], inner: concurrent.futures.Future[T]) -> None:
         error = TimeoutError("the judgement ended before this batch ran") if inner.cancelled() else inner.exception()
         if error is not None:
             outer.set_exception(error)

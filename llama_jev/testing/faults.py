@@ -1,7 +1,6 @@
 """The faults a test programs into ``SystemOneTestServer``, the requests it records, and the
 responses it builds from them (pure functions, no sockets)."""
 
-
 from __future__ import annotations
 
 import dataclasses

@@ -1,7 +1,6 @@
 """The socket side of ``_Owner``: a threading HTTP/1.1 server and its request handler,
 which hand every request to the owning test server (``_Owner``) and write what it answers."""
 
-
 from __future__ import annotations
 
 import json
@@ -34,7 +33,6 @@ class _Owner(Protocol):
     def _route(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, parsed: Any, fault: Fault | None
     ) -> _Response: ...
-
 
 
 def _strings(value: object) -> Iterator[str]:

@@ -18,7 +18,6 @@ Example:
     (429, '1', 0.9)
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -56,6 +55,7 @@ from llama_jev.testing.faults import (
 from llama_jev.testing.http import _NOT_JSON, _HTTPServer, _strings
 
 __all__ = ["Fault", "RecordedRequest", "SystemOneTestServer"]
+
 
 class SystemOneTestServer:
     """A System One server on ``127.0.0.1`` for tests: real HTTP, programmable faults, a request log.
@@ -472,7 +472,6 @@ class SystemOneTestServer:
         if fault is not None:
             _corrupt(payload["answers"], fault, request)
         return _json_response(200, payload)
-
 
     def _judge_models(self) -> dict[str, Any]:
         name = str(getattr(self._judge, "model", self.model))

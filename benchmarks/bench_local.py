@@ -10,7 +10,7 @@ are slower than on an idle one; the CPU seconds beside them are less sensitive t
   logit and three bi-encoders' cosines) over 96-token windows, the int8 kernels of the packaged
   files (their results depend on the CPU's instruction set), one forward pass per passage per
   model, and the fit shipped with it.
-- **new**: ``LocalRelevanceJudge()`` as shipped: the cross-encoder read to its sixth layer with a
+- **new**: ``LocalRelevanceJudge()`` as shipped: the cross-encoder read to its ninth layer with a
   fitted head on its ``[CLS]`` state, fp32 arithmetic on the dequantised weights (the same p on
   every x86-64 CPU), 288-token windows, the windows of all candidates batched.
 
@@ -295,7 +295,7 @@ def main() -> None:
     rows: list[tuple[str, ...]] = []
     extra_rows: list[tuple[str, ...]] = []
     probabilities = {}
-    for kind, name in (("old", "old: four models, int8, per passage"), ("new", "new: layer-6 head, fp32, batched")):
+    for kind, name in (("old", "old: four models, int8, per passage"), ("new", "new: layer-9 head, fp32, batched")):
         probabilities[kind], figures = quality(judges[kind], heldout)
         rows.append((name, *figures))
         extra_rows.append((name, *quality(judges[kind], extra)[1]))
@@ -361,7 +361,7 @@ def main() -> None:
         "(two different models; the old p also differs between CPUs, the new one does not)"
     )
     print("\nCost through CandidateSelector (wall clock, CPU seconds of all threads in brackets):\n")
-    print(table(cost, ("measure", "old: four models, int8, per passage", "new: layer-6 head, fp32, batched", "bar")))
+    print(table(cost, ("measure", "old: four models, int8, per passage", "new: layer-9 head, fp32, batched", "bar")))
     print("\nInstall size (files on disk):\n")
     print(table(install, ("package", "size")))
 

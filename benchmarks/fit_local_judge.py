@@ -5,7 +5,7 @@ deterministic, about a minute on two cores). ``--check`` refits and compares wit
 instead of writing it.
 
 1. Features of every pair with the real model: the ms-marco cross-encoder's ``[CLS]`` state after
-   layer 6 and its early-exit logit (``LocalRelevanceJudge.window_features``, the same code the
+   layer 9 and its early-exit logit (``LocalRelevanceJudge.window_features``, the same code the
    judge runs; every passage of the set fits one window).
 2. Logistic regression on the ``train`` split, on standardised features (Newton's method, an L2
    penalty on the weights chosen by the out-of-fold AUC of 5 folds by query), the standardisation

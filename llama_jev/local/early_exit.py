@@ -1,8 +1,8 @@
 """A BERT cross-encoder cut after its first layers: the ``[CLS]`` state there, for a fitted head.
 
-The offline judge reads ms-marco-MiniLM-L-12-v2 only up to its sixth layer: half the arithmetic
-of the whole model, and on the project's labelled pairs a logistic head on that layer's ``[CLS]``
-state tells answers from same-topic non-answers better than the model's own final logit (the
+The offline judge reads ms-marco-MiniLM-L-12-v2 only up to its ninth layer: three quarters of the
+arithmetic of the whole model, and on the project's labelled pairs a logistic head on that layer's
+``[CLS]`` state tells answers from same-topic non-answers better than the model's own final logit (the
 measurements are in docs/judge-and-local-server.md). :func:`exit_after` rewrites the graph in
 memory while the model is loaded (inside :func:`~llama_jev.local.fp32.dequantize`): the pooler
 reads the chosen layer instead of the last one, the ``[CLS]`` vector it gathers becomes a second

@@ -70,7 +70,7 @@ class _Model:
 def _tokenizer(path: Path | None) -> Any:
     """The WordPiece tokenizer shipped in ``llama_jev/assets`` (or the one at ``path``).
 
-    The four models of this module share its vocabulary (bert-base-uncased), so a text cut into
+    The models of this package share its vocabulary (bert-base-uncased), so a text cut into
     windows here gives the same windows for each of them.
     """
     tokenizers = _import_optional("tokenizers")

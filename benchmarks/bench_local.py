@@ -290,15 +290,15 @@ def main() -> None:
 
     # --- quality on the held-out pairs and on the generic pairs no fit used ----------------------
     heldout = [pair for pair in load_pairs() if pair.split == "heldout"]
-    extra = load_pairs(PAIRS.parent / "generic_extra.jsonl")
+    generic = load_pairs(PAIRS.parent / "generic_extra.jsonl")
     labels = [pair.label for pair in heldout]
     rows: list[tuple[str, ...]] = []
-    extra_rows: list[tuple[str, ...]] = []
+    generic_rows: list[tuple[str, ...]] = []
     probabilities = {}
     for kind, name in (("old", "old: four models, int8, per passage"), ("new", "new: layer-9 head, fp32, batched")):
         probabilities[kind], figures = quality(judges[kind], heldout)
         rows.append((name, *figures))
-        extra_rows.append((name, *quality(judges[kind], extra)[1]))
+        generic_rows.append((name, *quality(judges[kind], generic)[1]))
     target = (
         "target",
         f">= {TARGETS['auc']}",
@@ -354,8 +354,8 @@ def main() -> None:
     )
     print(f"Quality on the held-out split ({len(heldout)} pairs, {sum(labels)} relevant), thresholds 0.2 / 0.8:\n")
     print(table(rows, ("judge", "ROC AUC", "precision of selected", "NPV of rejected", "uncertain", "ECE")))
-    print(f"\nOn the generic pairs no fit used ({len(extra)} pairs, {sum(p.label for p in extra)} relevant):\n")
-    print(table(extra_rows, ("judge", "ROC AUC", "precision of selected", "NPV of rejected", "uncertain", "ECE")))
+    print(f"\nOn the generic pairs no fit used ({len(generic)} pairs, {sum(p.label for p in generic)} relevant):\n")
+    print(table(generic_rows, ("judge", "ROC AUC", "precision of selected", "NPV of rejected", "uncertain", "ECE")))
     print(
         f"\n|p(old) - p(new)| on the held-out pairs: max {max(deltas):.4f}, mean {statistics.mean(deltas):.4f} "
         "(two different models; the old p also differs between CPUs, the new one does not)"

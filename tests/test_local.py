@@ -299,6 +299,42 @@ def test_the_cross_encoder_scores_its_model_card_example_as_the_card_does(offlin
         model.logits(query, ["word " * 600])  # too long to read whole: the judge cuts windows instead
 
 
+def test_an_early_exit_after_all_twelve_layers_is_the_whole_model(offline: None) -> None:
+    # The graph surgery of early_exit: cut after the last layer, the logit must be the model's own.
+    query = "How many people live in Berlin?"
+    passages = ["Berlin had a population of 3,520,031 registered inhabitants.", "Berlin is well known for its museums."]
+    whole = MarcoCrossEncoder()
+    cut = MarcoCrossEncoder(layers=12)
+    tokenizer = whole._loaded().tokenizer
+    query_ids, *windows = [
+        list(item.ids) for item in tokenizer.encode_batch([query, *passages], add_special_tokens=False)
+    ]
+
+    states = cut.window_states(query_ids, windows)
+
+    assert states.shape == (2, MarcoCrossEncoder.hidden_size + 1)
+    np.testing.assert_allclose(states[:, -1], whole.window_logits(query_ids, windows), atol=1e-4)
+    # Layer 9 (the judge's) is another state: the cut really removed layers.
+    assert not np.allclose(MarcoCrossEncoder(layers=9).window_states(query_ids, windows), states, atol=1e-2)
+
+
+def test_an_early_exit_is_refused_where_it_cannot_be_built(judge: LocalRelevanceJudge) -> None:
+    from llama_jev.local.early_exit import exit_after
+    from llama_jev.local.fp32 import _model_class
+
+    with pytest.raises(ValueError, match=r"layers must be an integer in \[1, 12\]"):
+        MarcoCrossEncoder(layers=13)
+    with pytest.raises(ValueError, match="layers="):
+        MarcoCrossEncoder().window_states([1], [[2]])
+    with pytest.raises(ValueError, match="no encoder layer 3"):
+        exit_after(_model_class()().graph, 3)  # an empty graph: no BERT layers to cut
+    with pytest.raises(ValueError, match=f"MarcoCrossEncoder\\(layers={judge.layers}\\)"):
+        LocalRelevanceJudge(cross_encoder=MarcoCrossEncoder(layers=6))
+    fit = load_parameters()
+    with pytest.raises(ValueError, match=f"{len(FEATURES)} weights"):
+        LocalRelevanceJudge(parameters={**fit, "weights": fit["weights"][:4]})
+
+
 def test_rejects_an_on_topic_passage_that_does_not_answer(
     judge: LocalRelevanceJudge, heuristic: CosineSimilarityJudge
 ) -> None:

@@ -24,8 +24,9 @@ from llama_jev.systemone.judge import RELEVANCE_QUESTION
 _PARAMETERS_ASSET = "assets/local_judge.json"
 EXIT_LAYER: Final = 9
 """The cross-encoder layer whose ``[CLS]`` state the judge reads (of 12): three quarters of the
-arithmetic, and on the labelled pairs the best layer measured (layer 6 was faster, but its head
-failed plain answers such as "Orders arrive within three to five business days.")."""
+arithmetic, and the fastest layer whose fitted head still accepts plain answers (heads on layers 6
+to 8 scored well on the labelled sets yet rejected "Orders arrive within three to five business
+days." for "How long does shipping take?"; see docs/judge-and-local-server.md)."""
 DEFAULT_WINDOW_TOKENS: Final = 288
 """Tokens per window of :class:`LocalRelevanceJudge`: a chunk of up to 288 tokens is read in one
 pass, with the query, well inside the model's 512 positions."""

@@ -7,9 +7,7 @@ import concurrent.futures
 import importlib
 import importlib.metadata
 import importlib.util
-import itertools
 import json
-import math
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -17,9 +15,10 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from llama_jev.local.cross_encoder import MarcoCrossEncoder, _logistic
-from llama_jev.local.minilm import BgeSmallEncoder, MiniLMEncoder, ParaphraseMiniLMEncoder, _windows
-from llama_jev.local.passages import _check_accepted, _PassageJudge, _QueryCache
+from llama_jev.local.cross_encoder import MarcoCrossEncoder
+from llama_jev.local.minilm import BgeSmallEncoder, MiniLMEncoder, ParaphraseMiniLMEncoder
+from llama_jev.local.passages import _check_accepted, _QueryCache
+from llama_jev.local.relevance import _WindowedHead
 from llama_jev.local.weights import _INSTALL_HINT, _SPECIAL_TOKENS, Vectors, _LoadedOnce
 from llama_jev.systemone.judge import RELEVANCE_QUESTION
 
@@ -50,7 +49,7 @@ def load_parameters() -> dict[str, Any]:
     return parameters
 
 
-class FourSignalJudge(_PassageJudge):
+class FourSignalJudge(_WindowedHead):
     """Part 2's offline judge: the cross-encoder's logit and three bi-encoders' cosines, combined.
 
     ``cross_encoder_logit`` (ms-marco-MiniLM-L-12-v2, all 12 layers), ``bge_cosine``
@@ -78,31 +77,17 @@ class FourSignalJudge(_PassageJudge):
 
         fit = dict(parameters) if parameters is not None else load_parameters()
         try:
-            self.weights = np.array([float(fit["weights"][name]) for name in FEATURES])
-            self.bias = float(fit["bias"])
-            self.mapping = mapping_from_dict(fit["mapping"])
+            weights = [float(fit["weights"][name]) for name in FEATURES]
+            bias = float(fit["bias"])
+            mapping = mapping_from_dict(fit["mapping"])
             name = str(model if model is not None else fit["model"])
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
                 f"parameters need weights for {list(FEATURES)}, a bias, a mapping and a model name: {error}"
             ) from error
-        if not np.all(np.isfinite(self.weights)) or not math.isfinite(self.bias):
-            raise ValueError("the fitted weights and bias must be finite numbers")
-        if not name.strip():
-            raise ValueError("model must be a non-blank string")
-        self.model = name
+        self._set_head(weights, bias, mapping, name)
         self.accepted_questions = _check_accepted(accepted_questions)
-        content = MiniLMEncoder.max_tokens - _SPECIAL_TOKENS
-        if isinstance(window_tokens, bool) or not isinstance(window_tokens, int) or not 16 <= window_tokens <= content:
-            raise ValueError(f"window_tokens must be an integer in [16, {content}], got {window_tokens!r}")
-        if (
-            isinstance(window_overlap, bool)
-            or not isinstance(window_overlap, int)
-            or not 0 <= window_overlap <= window_tokens // 2
-        ):
-            raise ValueError(f"window_overlap must be an integer in [0, window_tokens / 2], got {window_overlap!r}")
-        self.window_tokens = window_tokens
-        self.window_overlap = window_overlap
+        self._set_windows(window_tokens, window_overlap, most=MiniLMEncoder.max_tokens - _SPECIAL_TOKENS)
         for carrier in {BgeSmallEncoder._file[0], ParaphraseMiniLMEncoder._file[0], MarcoCrossEncoder._file[0]}:
             # Checked now, not at the first request: a missing extra is a setup error, not a judge failure.
             try:
@@ -138,9 +123,6 @@ class FourSignalJudge(_PassageJudge):
         """How many windows (rows of every model's forward pass) ``passage`` takes."""
         (ids,) = self.encoder.token_ids([passage])
         return len(self._cut(ids)) if passage.strip() else 0
-
-    def _cut(self, ids: list[int]) -> list[list[int]]:
-        return _windows(ids, size=self.window_tokens, step=self.window_tokens - self.window_overlap)
 
     def _query_side(self, query: str) -> _QuerySide:
         """The query's token ids and, when not cached, the windows each bi-encoder must embed for it."""
@@ -182,25 +164,4 @@ class FourSignalJudge(_PassageJudge):
             columns.append(np.max(embedded[len(own) :] @ query_vectors.T, axis=1))
         if side.vectors is None:
             self._queries.put(query, _QuerySide(side.ids, ([], [], []), (vectors[0], vectors[1], vectors[2])))
-        table = np.column_stack(columns).astype(np.float64)
-        bounds = itertools.accumulate((len(cut) for cut in cuts), initial=0)
-        tables = iter([table[start:end] for start, end in itertools.pairwise(bounds)])
-        return [next(tables) if passage.strip() else empty for passage in passages]
-
-    def raw_probability(self, features: Sequence[float]) -> float:
-        """The fitted combination of one window's :data:`FEATURES`, before calibration."""
-        return _logistic(float(np.dot(self.weights, np.asarray(features, dtype=np.float64))) + self.bias)
-
-    def probability(self, features: Sequence[float]) -> float:
-        """The calibrated probability that a window with these :data:`FEATURES` answers the query."""
-        return float(self.mapping(self.raw_probability(features)))
-
-    def probabilities(self, query: str, passages: Sequence[str], *, deadline: float | None = None) -> list[float]:
-        """The calibrated probability of each passage: the highest of its windows (0 when blank)."""
-        return [
-            max((self.probability(row) for row in windows), default=0.0)
-            for windows in self.window_features(query, passages, deadline=deadline)
-        ]
-
-    def _probabilities(self, query: str, passages: list[str], deadline: float | None) -> list[float]:
-        return self.probabilities(query, passages, deadline=deadline)
+        return self._per_passage(np.column_stack(columns), cuts, passages, empty)

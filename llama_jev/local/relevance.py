@@ -47,7 +47,80 @@ def load_parameters() -> dict[str, Any]:
     return parameters
 
 
-class LocalRelevanceJudge(_PassageJudge):
+class _WindowedHead(_PassageJudge):
+    """What a fitted offline judge does with its features: each window of a passage gets
+    ``mapping(sigmoid(weights · features + bias))``, the passage its best window's p.
+
+    A subclass computes the features (:meth:`window_features`) and calls :meth:`_set_head` and
+    :meth:`_set_windows` in its constructor. ``benchmarks/four_signal_judge.py`` (the former judge)
+    is the other subclass, so the two are compared under the same rule.
+    """
+
+    weights: NDArray[np.float64]
+    bias: float
+    mapping: Any
+    window_tokens: int
+    window_overlap: int
+
+    def _set_head(self, weights: Sequence[float], bias: float, mapping: Any, name: str) -> None:
+        self.weights = np.array(weights, dtype=np.float64)
+        self.bias = bias
+        if not np.all(np.isfinite(self.weights)) or not math.isfinite(self.bias):
+            raise ValueError("the fitted weights and bias must be finite numbers")
+        if not name.strip():
+            raise ValueError("model must be a non-blank string")
+        self.mapping = mapping
+        self.model = name
+
+    def _set_windows(self, window_tokens: int, window_overlap: int, *, most: int) -> None:
+        if isinstance(window_tokens, bool) or not isinstance(window_tokens, int) or not 16 <= window_tokens <= most:
+            raise ValueError(f"window_tokens must be an integer in [16, {most}], got {window_tokens!r}")
+        if (
+            isinstance(window_overlap, bool)
+            or not isinstance(window_overlap, int)
+            or not 0 <= window_overlap <= window_tokens // 2
+        ):
+            raise ValueError(f"window_overlap must be an integer in [0, window_tokens / 2], got {window_overlap!r}")
+        self.window_tokens = window_tokens
+        self.window_overlap = window_overlap
+
+    def _cut(self, ids: list[int]) -> list[list[int]]:
+        return _windows(ids, size=self.window_tokens, step=self.window_tokens - self.window_overlap)
+
+    @staticmethod
+    def _per_passage(
+        table: NDArray[Any], cuts: Sequence[list[list[int]]], passages: Sequence[str], empty: NDArray[np.float64]
+    ) -> list[NDArray[np.float64]]:
+        """The rows of ``table`` (the windows of every non-blank passage, in order) split back per passage."""
+        bounds = itertools.accumulate((len(cut) for cut in cuts), initial=0)
+        tables = iter([table[start:end].astype(np.float64) for start, end in itertools.pairwise(bounds)])
+        return [next(tables) if passage.strip() else empty for passage in passages]
+
+    def window_features(
+        self, query: str, passages: Sequence[str], *, deadline: float | None = None
+    ) -> list[NDArray[np.float64]]:
+        raise NotImplementedError
+
+    def raw_probability(self, features: Sequence[float]) -> float:
+        """The fitted combination of one window's features, before calibration."""
+        return _logistic(float(np.dot(self.weights, np.asarray(features, dtype=np.float64))) + self.bias)
+
+    def probability(self, features: Sequence[float]) -> float:
+        """The calibrated probability that a window with these features answers the query."""
+        return float(self.mapping(self.raw_probability(features)))
+
+    def probabilities(self, query: str, passages: Sequence[str], *, deadline: float | None = None) -> list[float]:
+        """The calibrated probability of each passage: the highest of its windows (0 when blank)."""
+        return [
+            max((self.probability(row) for row in windows), default=0.0)
+            for windows in self.window_features(query, passages, deadline=deadline)
+        ]
+
+    def _probabilities(self, query: str, passages: list[str], deadline: float | None) -> list[float]:
+        return self.probabilities(query, passages, deadline=deadline)
+
+
+class LocalRelevanceJudge(_WindowedHead):
     """The default offline :class:`~llama_jev.Judge`: a fitted relevance model with calibrated probabilities.
 
     ms-marco-MiniLM-L-12-v2 (:class:`MarcoCrossEncoder`), a cross-encoder trained to score passages
@@ -124,8 +197,8 @@ class LocalRelevanceJudge(_PassageJudge):
         try:
             weights = [float(value) for value in fit["weights"]]
             self.layers = int(fit["layers"])
-            self.bias = float(fit["bias"])
-            self.mapping = mapping_from_dict(fit["mapping"])
+            bias = float(fit["bias"])
+            mapping = mapping_from_dict(fit["mapping"])
             name = str(model if model is not None else fit["model"])
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
@@ -134,27 +207,9 @@ class LocalRelevanceJudge(_PassageJudge):
             ) from error
         if len(weights) != len(FEATURES):
             raise ValueError(f"parameters need {len(FEATURES)} weights (one per FEATURES entry), got {len(weights)}")
-        self.weights = np.array(weights)
-        if not np.all(np.isfinite(self.weights)) or not math.isfinite(self.bias):
-            raise ValueError("the fitted weights and bias must be finite numbers")
-        if not name.strip():
-            raise ValueError("model must be a non-blank string")
-        self.model = name
+        self._set_head(weights, bias, mapping, name)
         self.accepted_questions = _check_accepted(accepted_questions)
-        if (
-            isinstance(window_tokens, bool)
-            or not isinstance(window_tokens, int)
-            or not 16 <= window_tokens <= _MAX_WINDOW
-        ):
-            raise ValueError(f"window_tokens must be an integer in [16, {_MAX_WINDOW}], got {window_tokens!r}")
-        if (
-            isinstance(window_overlap, bool)
-            or not isinstance(window_overlap, int)
-            or not 0 <= window_overlap <= window_tokens // 2
-        ):
-            raise ValueError(f"window_overlap must be an integer in [0, window_tokens / 2], got {window_overlap!r}")
-        self.window_tokens = window_tokens
-        self.window_overlap = window_overlap
+        self._set_windows(window_tokens, window_overlap, most=_MAX_WINDOW)
         carrier = MarcoCrossEncoder._file[0]
         # Checked now, not at the first request: a missing extra is a setup error, not a judge failure.
         try:
@@ -191,9 +246,6 @@ class LocalRelevanceJudge(_PassageJudge):
         (ids,) = self._token_ids([passage])
         return len(self._cut(ids)) if passage.strip() else 0
 
-    def _cut(self, ids: list[int]) -> list[list[int]]:
-        return _windows(ids, size=self.window_tokens, step=self.window_tokens - self.window_overlap)
-
     def window_features(
         self, query: str, passages: Sequence[str], *, deadline: float | None = None
     ) -> list[NDArray[np.float64]]:
@@ -215,24 +267,4 @@ class LocalRelevanceJudge(_PassageJudge):
         # answer does not depend on which other passages share the request.
         windows = [window for cut in cuts for window in cut]
         table = self.cross_encoder.window_states(query_ids, windows, deadline=deadline, batch_size=_PASS_ROWS)
-        bounds = itertools.accumulate((len(cut) for cut in cuts), initial=0)
-        tables = iter([table[start:end].astype(np.float64) for start, end in itertools.pairwise(bounds)])
-        return [next(tables) if passage.strip() else empty for passage in passages]
-
-    def raw_probability(self, features: Sequence[float]) -> float:
-        """The fitted combination of one window's :data:`FEATURES`, before calibration."""
-        return _logistic(float(np.dot(self.weights, np.asarray(features, dtype=np.float64))) + self.bias)
-
-    def probability(self, features: Sequence[float]) -> float:
-        """The calibrated probability that a window with these :data:`FEATURES` answers the query."""
-        return float(self.mapping(self.raw_probability(features)))
-
-    def probabilities(self, query: str, passages: Sequence[str], *, deadline: float | None = None) -> list[float]:
-        """The calibrated probability of each passage: the highest of its windows (0 when blank)."""
-        return [
-            max((self.probability(row) for row in windows), default=0.0)
-            for windows in self.window_features(query, passages, deadline=deadline)
-        ]
-
-    def _probabilities(self, query: str, passages: list[str], deadline: float | None) -> list[float]:
-        return self.probabilities(query, passages, deadline=deadline)
+        return self._per_passage(table, cuts, passages, empty)

@@ -318,6 +318,46 @@ def test_an_early_exit_after_all_twelve_layers_is_the_whole_model(offline: None)
     assert not np.allclose(MarcoCrossEncoder(layers=9).window_states(query_ids, windows), states, atol=1e-2)
 
 
+@pytest.mark.parametrize("layers", [1, 9])
+def test_the_last_layer_kept_computes_the_cls_position_only_with_the_same_numbers(offline: None, layers: int) -> None:
+    # exit_after computes the last layer for [CLS] alone (about a ninth less work at nine layers);
+    # against the same cut with every position kept, on rows of different lengths (padding).
+    import onnxruntime
+
+    from llama_jev.local.early_exit import exit_after
+    from llama_jev.local.fp32 import fp32_session
+    from llama_jev.local.weights import carried_file
+
+    path = carried_file(*MarcoCrossEncoder._file)
+    rows = [[101, 2129, 2116, 102, *range(2000, 2000 + size), 102] for size in (1, 12, 40)]
+    width = max(len(row) for row in rows)
+    input_ids = np.zeros((len(rows), width), dtype=np.int64)
+    attention_mask = np.zeros_like(input_ids)
+    for line, row in enumerate(rows):
+        input_ids[line, : len(row)] = row
+        attention_mask[line, : len(row)] = 1
+    feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": np.zeros_like(input_ids)}
+
+    def run(edit: Any) -> Any:
+        return fp32_session(path, onnxruntime.SessionOptions(), edit=edit).run(None, feeds)
+
+    logit, state = run(lambda graph: exit_after(graph, layers))
+    full_logit, full_state = run(lambda graph: exit_after(graph, layers, cls_only=False))
+    assert state.shape == (len(rows), MarcoCrossEncoder.hidden_size)
+    np.testing.assert_allclose(state, full_state, atol=1e-4)
+    np.testing.assert_allclose(logit, full_logit, atol=1e-4)
+
+    # The saving is real: the last layer's feed-forward network reads one position per row.
+    feed_forward = f"/bert/encoder/layer.{layers - 1}/intermediate/dense/MatMul_output_0"
+
+    def watched(graph: Any) -> None:
+        exit_after(graph, layers)
+        graph.output.add(name=feed_forward)
+
+    *_, hidden = run(watched)
+    assert hidden.shape == (len(rows), 1, 1536)
+
+
 def test_an_early_exit_is_refused_where_it_cannot_be_built(judge: LocalRelevanceJudge) -> None:
     from llama_jev.local.early_exit import exit_after
     from llama_jev.local.fp32 import _model_class

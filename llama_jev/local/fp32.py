@@ -96,6 +96,7 @@ def _model_class() -> Any:
             ("node", 1, field.TYPE_MESSAGE, repeated, "NodeProto"),
             ("initializer", 5, field.TYPE_MESSAGE, repeated, "TensorProto"),
             ("output", 12, field.TYPE_MESSAGE, repeated, "ValueInfoProto"),
+            ("value_info", 13, field.TYPE_MESSAGE, repeated, "ValueInfoProto"),
         ],
     )
     message("ModelProto", [("graph", 7, field.TYPE_MESSAGE, optional, "GraphProto")])

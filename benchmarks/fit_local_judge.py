@@ -218,13 +218,14 @@ def main() -> None:
     if args.check:
         shipped = json.loads(ASSET.read_text(encoding="utf-8"))
         # fp32 sums in another order (another CPU, another graph of the same arithmetic) move the
-        # features by ~1e-6 and the fitted weights by ~6e-6 (measured when the last layer was cut
-        # to the [CLS] position); a real change of data or method moves them far more.
+        # features by ~1e-6, the fitted weights by up to 6e-6 and the bias by 1.7e-5 (measured when
+        # the last layer was cut to the [CLS] position); a real change of data or method moves
+        # them far more.
         same = len(shipped["weights"]) == len(weights) and all(
-            math.isclose(old, new, rel_tol=1e-6, abs_tol=1e-4)
+            math.isclose(old, new, rel_tol=0.0, abs_tol=5e-5)
             for old, new in zip(shipped["weights"], parameters["weights"], strict=True)
         )
-        same = same and math.isclose(shipped["bias"], parameters["bias"], rel_tol=1e-6, abs_tol=1e-4)
+        same = same and math.isclose(shipped["bias"], parameters["bias"], rel_tol=0.0, abs_tol=5e-5)
         print("the shipped fit matches" if same else "the shipped fit DIFFERS from this refit")
         sys.exit(0 if same else 1)
     ASSET.write_text(text, encoding="utf-8")

@@ -347,7 +347,10 @@ def test_the_last_layer_kept_computes_the_cls_position_only_with_the_same_number
     np.testing.assert_allclose(state, full_state, atol=1e-4)
     np.testing.assert_allclose(logit, full_logit, atol=1e-4)
 
-    # The saving is real: the last layer's feed-forward network reads one position per row.
+    # The saving is real: the last layer's feed-forward network reads one position per row. This
+    # is what guards the three slices: without any one of them (query, residual, mask row) the
+    # numbers above stay right, broadcasting brings back every position and only this fails.
+    # Layer 1 is in the parameters because the shape annotations left in place broke it alone.
     feed_forward = f"/bert/encoder/layer.{layers - 1}/intermediate/dense/MatMul_output_0"
 
     def watched(graph: Any) -> None:
@@ -361,6 +364,7 @@ def test_the_last_layer_kept_computes_the_cls_position_only_with_the_same_number
 def test_an_early_exit_is_refused_where_it_cannot_be_built(judge: LocalRelevanceJudge) -> None:
     from llama_jev.local.early_exit import exit_after
     from llama_jev.local.fp32 import _model_class
+    from llama_jev.local.weights import carried_file
 
     with pytest.raises(ValueError, match=r"layers must be an integer in \[1, 12\]"):
         MarcoCrossEncoder(layers=13)
@@ -368,6 +372,10 @@ def test_an_early_exit_is_refused_where_it_cannot_be_built(judge: LocalRelevance
         MarcoCrossEncoder().window_states([1], [[2]])
     with pytest.raises(ValueError, match="no encoder layer 3"):
         exit_after(_model_class()().graph, 3)  # an empty graph: no BERT layers to cut
+    int8 = _model_class()()
+    int8.ParseFromString(carried_file(*MarcoCrossEncoder._file).read_bytes())
+    with pytest.raises(ValueError, match="encoder layer 9 is not the BERT attention this cut knows"):
+        exit_after(int8.graph, 9)  # still int8: the [CLS]-only cut reads fp32 products
     with pytest.raises(ValueError, match=f"MarcoCrossEncoder\\(layers={judge.layers}\\)"):
         LocalRelevanceJudge(cross_encoder=MarcoCrossEncoder(layers=6))
     fit = load_parameters()

@@ -11,7 +11,7 @@ output, and the layers after it are deleted.
 The last layer kept computes only what that ``[CLS]`` state needs: its keys and values for every
 token (the ``[CLS]`` position attends to all of them), but its query, attention output and
 feed-forward network for the ``[CLS]`` position alone. The result is the same (fp32 rounding
-aside); the work is about a ninth less at nine layers (docs/judge-and-local-server.md).
+aside); the arithmetic is about a tenth less at nine layers (docs/judge-and-local-server.md).
 """
 
 from __future__ import annotations
@@ -35,8 +35,12 @@ def exit_after(graph: Any, layers: int, *, cls_only: bool = True) -> None:
     by :func:`~llama_jev.local.fp32.dequantize`'s pruning. ``cls_only=False`` keeps every position
     of the last layer (the same numbers, more work; the tests compare the two).
 
+    The graph must already compute in fp32 (:func:`~llama_jev.local.fp32.dequantize` calls this
+    after replacing the int8 products).
+
     Raises:
-        ValueError: the graph is not a BERT export with that many layers and a pooler.
+        ValueError: the graph is not a BERT export with that many layers and a pooler, or (with
+            ``cls_only``) its last layer kept is not the fp32 attention the cut knows.
     """
     produced = {name for node in graph.node for name in node.output}
     kept = _LAYER_OUTPUT.format(index=layers - 1)
@@ -60,51 +64,72 @@ def _cls_only(graph: Any, index: int) -> None:
     the residual connection read ``x[:, :1]`` instead, and the attention mask (batch, 1, tokens,
     tokens) its first query row, so the attention, its output projection, the feed-forward network
     and both layer norms run on one position per row. The reshape that merges the attention heads
-    back took the token count from ``x``; it is told -1 instead.
+    back took the token count from ``x``; it is told to infer it (-1) instead.
+    """
+    query, masking, residual, merge = _attention_nodes(graph, index)
+    x = query.input[0]
+    scores = f"{_ATTENTION.format(index=index)}/self/MatMul_output_0"
+    mask = next(name for name in masking.input if name != scores)
+    sliced = _first_position(graph, x, axis=1)
+    query.input[0] = sliced
+    residual.input[list(residual.input).index(x)] = sliced
+    masking.input[list(masking.input).index(mask)] = _first_position(graph, mask, axis=2)
+    merge.input[1] = _int64(graph, f"{x}/inferred", -1)
+    _forget_shapes(graph, f"/bert/encoder/layer.{index}/")
+
+
+def _attention_nodes(graph: Any, index: int) -> tuple[Any, Any, Any, Any]:
+    """Layer ``index``'s query projection, mask addition, residual addition and head-merge shape.
+
+    Raises:
+        ValueError: the layer is not the fp32 BERT attention of this export (e.g. still int8).
     """
     prefix = _ATTENTION.format(index=index)
     writer = {name: node for node in graph.node for name in node.output}
     query = writer.get(f"{prefix}/self/query/MatMul_output_0")
-    scores = f"{prefix}/self/MatMul_output_0"
     masking = writer.get(f"{prefix}/self/Add_output_0")
     residual = writer.get(f"{prefix}/output/Add_output_0")
     merge = writer.get(f"{prefix}/self/Concat_3_output_0")
-    if (
-        query is None
-        or masking is None
-        or residual is None
-        or merge is None
-        or query.op_type != "MatMul"
-        or scores not in masking.input
-        or len(masking.input) != 2
-        or len(merge.input) != 3
-    ):
-        raise ValueError(f"encoder layer {index + 1} is not the BERT attention this cut knows (an fp32 MatMul query)")
-    x = query.input[0]
-    if x not in residual.input:
-        raise ValueError(f"encoder layer {index + 1}'s residual connection does not read its input {x!r}")
-    mask = next(name for name in masking.input if name != scores)
-    constants = {"first": 0, "second": 1, "tokens": 1, "queries": 2, "rows": -1}
-    names = {key: f"{prefix}/cls_only/{key}" for key in constants}
-    for key, value in constants.items():
-        graph.initializer.add(
-            name=names[key], data_type=_INT64, dims=[1], raw_data=np.array([value], dtype="<i8").tobytes()
+    known = (
+        query is not None
+        and query.op_type == "MatMul"
+        and masking is not None
+        and len(masking.input) == 2
+        and f"{prefix}/self/MatMul_output_0" in masking.input
+        and residual is not None
+        and query.input[0] in residual.input
+        and merge is not None
+        and len(merge.input) == 3
+    )
+    if not known:
+        raise ValueError(
+            f"encoder layer {index + 1} is not the BERT attention this cut knows (an fp32 MatMul query whose input "
+            "the residual connection reads, a mask added to the scores, a three-part head-merge shape)"
         )
+    return query, masking, residual, merge
 
-    def first(tensor: str, axis: str) -> str:
-        """A new tensor: ``tensor`` cut to its first position along ``axis``."""
-        cut = f"{prefix}/cls_only/Slice_{axis}_output_0"
-        graph.node.add(op_type="Slice", input=[tensor, names["first"], names["second"], names[axis]], output=[cut])
-        return cut
 
-    sliced = first(x, "tokens")
-    query.input[0] = sliced
-    residual.input[list(residual.input).index(x)] = sliced
-    masking.input[list(masking.input).index(mask)] = first(mask, "queries")
-    merge.input[1] = names["rows"]
-    # The export annotates this layer's tensors as (batch, sequence, ...); left in place, those
-    # shapes would let onnxruntime share a buffer between a one-position tensor and a full one.
-    layer = f"/bert/encoder/layer.{index}/"
+def _int64(graph: Any, name: str, value: int) -> str:
+    """A new one-element int64 initializer; its name."""
+    graph.initializer.add(name=name, data_type=_INT64, dims=[1], raw_data=np.array([value], dtype="<i8").tobytes())
+    return str(name)
+
+
+def _first_position(graph: Any, tensor: str, *, axis: int) -> str:
+    """A new tensor: ``tensor`` cut to its first position along ``axis`` (a ``Slice`` node); its name."""
+    cut = f"{tensor}/first_along_{axis}"
+    bounds = [_int64(graph, f"{cut}/{key}", value) for key, value in (("start", 0), ("end", 1), ("axis", axis))]
+    graph.node.add(op_type="Slice", input=[tensor, *bounds], output=[cut])
+    return cut
+
+
+def _forget_shapes(graph: Any, prefix: str) -> None:
+    """Delete the shape annotations of the tensors named ``prefix...``.
+
+    The export annotates a layer's tensors as (batch, sequence, ...); left in place after the cut,
+    those shapes let onnxruntime share one buffer between a one-position tensor and a full one
+    (layer 1 then fails with "Shape mismatch attempting to re-use buffer").
+    """
     for position in reversed(range(len(graph.value_info))):
-        if graph.value_info[position].name.startswith(layer):
+        if graph.value_info[position].name.startswith(prefix):
             del graph.value_info[position]

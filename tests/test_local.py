@@ -320,7 +320,7 @@ def test_an_early_exit_after_all_twelve_layers_is_the_whole_model(offline: None)
 
 @pytest.mark.parametrize("layers", [1, 9])
 def test_the_last_layer_kept_computes_the_cls_position_only_with_the_same_numbers(offline: None, layers: int) -> None:
-    # exit_after computes the last layer for [CLS] alone (about a ninth less work at nine layers);
+    # exit_after computes the last layer for [CLS] alone (about a tenth less work at nine layers);
     # against the same cut with every position kept, on rows of different lengths (padding).
     import onnxruntime
 

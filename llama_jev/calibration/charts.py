@@ -74,16 +74,6 @@ class Plot:
         path = " ".join(f"{self.x(px):.1f},{self.y(py):.1f}" for px, py in outline)
         self.parts.append(f'<polygon points="{path}" fill="{color}" fill-opacity="0.18" stroke="none"/>')
 
-    def vertical(self, at: float, color: str, label: str) -> None:
-        anchor = "end" if at > 0.5 else "start"
-        shift = -4 if at > 0.5 else 4
-        self.parts.append(
-            f'<line x1="{self.x(at):.1f}" y1="{self.y(0):.1f}" x2="{self.x(at):.1f}" y2="{self.y(1):.1f}" '
-            f'stroke="{color}" stroke-width="1.5" stroke-dasharray="5 3"/>'
-            f'<text x="{self.x(at) + shift:.1f}" y="{self.y(1) - 8:.1f}" text-anchor="{anchor}" '
-            f'fill="{color}" style="fill:{color}">{escape(label)}</text>'
-        )
-
     def point(self, x: float, y: float, color: str, label: str) -> None:
         """A marked point with its label beside it (left of the point in the right half)."""
         anchor, shift = ("end", -9) if x > 0.55 else ("start", 9)

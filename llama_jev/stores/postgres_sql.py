@@ -114,11 +114,6 @@ class _Field:
         """The JSON type: ``'string'``, ``'number'``, ``'boolean'``, ``'array'``, ``'object'``, ``'null'``."""
         return (func.jsonb_typeof if self._jsonb else func.json_typeof)(self.raw)
 
-    @property
-    def as_jsonb(self) -> Any:
-        # Only this field is converted, never the whole document; the jsonb operators need it.
-        return self.raw if self._jsonb else cast(self.raw, JSONB)
-
 
 def _condition(expression: object) -> ColumnElement[bool]:
     # The column is typed loosely by LlamaIndex (a dynamic model), so SQLAlchemy cannot infer this.

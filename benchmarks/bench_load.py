@@ -23,16 +23,9 @@ import time
 
 from _server import ServerProcess  # type: ignore[import-not-found]
 
-from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
-    CandidateSelector,
-    Decision,
-    ExecutionOptions,
-    JevClient,
-    Mode,
-    Status,
-)
+from llama_jev import CandidateSelector, ExecutionOptions, JevClient, Mode, Status
+from llama_jev.core import Decision
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 
 QUERY = "What are the refund conditions?"
 TEXT = "Refunds are available for unused items returned within seven days of delivery. " * 3

@@ -26,8 +26,6 @@ from _server import ServerProcess  # type: ignore[import-not-found]
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
     CandidateSelector,
     ExecutionOptions,
     JevClient,
@@ -36,6 +34,7 @@ from llama_jev import (
     RuntimeContext,
     runtime_context,
 )
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 
 QUERY = "What are the refund conditions?"
 SIZES = (8, 64, 256, 1024)

@@ -50,7 +50,7 @@ class UncertainElsewhere:
     """A :class:`~llama_jev.Judge` that asks ``judge`` the questions it can answer, and is uncertain on the rest.
 
     ``judge`` must have ``candidate(question_id, question)`` raising
-    :class:`~llama_jev.JevBadRequestError` for a question it cannot answer (as
+    :class:`~llama_jev.errors.JevBadRequestError` for a question it cannot answer (as
     :class:`~llama_jev.local.LocalRelevanceJudge` has). The other questions get 0.5 (noul) or a
     uniform distribution (choice, score): "don't know", not a guess. A request whose state is
     not text gets only such answers.

@@ -7,7 +7,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from llama_jev import DecisionRecord, Mode, Reason, Status
+from llama_jev import DecisionRecord, Mode, Status
+from llama_jev.core import Reason
 from llama_jev.core.records import query_key
 
 __all__ = ["SECRET", "overconfident_log", "record", "write_jsonl"]

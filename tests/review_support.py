@@ -10,8 +10,8 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from llama_jev import GROUNDED_QUESTION, DecisionRecord, DraftReviewer, ExecutionOptions, JevClient, Mode, RetryPolicy
-from llama_jev.review import REVISION_PROMPT
+from llama_jev import DecisionRecord, DraftReviewer, ExecutionOptions, JevClient, Mode, RetryPolicy
+from llama_jev.review import GROUNDED_QUESTION, REVISION_PROMPT
 from llama_jev.testing import SystemOneTestServer
 
 from .conftest import API_KEY

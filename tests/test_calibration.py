@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 
 from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
     CandidateSelector,
     ExecutionOptions,
     JsonlObserver,
@@ -43,6 +41,7 @@ from llama_jev.calibration.statistics import (
     sweep_reject,
 )
 from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT, query_key
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 
 from .calibration_support import SECRET, overconfident_log, record, write_jsonl
 from .support import marked, marked_answer

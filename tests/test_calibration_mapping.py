@@ -10,19 +10,14 @@ from itertools import pairwise
 import pytest
 
 from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
     CandidateSelector,
-    ChoiceQuestion,
     DecisionRecord,
     ExecutionOptions,
     JevClient,
     Judge,
     Mode,
-    NoulQuestion,
     RetryPolicy,
     ScriptedJudge,
-    SystemOneRequest,
 )
 from llama_jev.calibration import (
     CalibratedJudge,
@@ -32,6 +27,8 @@ from llama_jev.calibration import (
     fit_platt,
     mapping_from_dict,
 )
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
+from llama_jev.systemone import ChoiceQuestion, NoulQuestion, SystemOneRequest
 from llama_jev.testing import SystemOneTestServer
 
 from .conftest import API_KEY

@@ -8,11 +8,10 @@ import time
 
 import pytest
 
-from llama_jev import (
-    JevAPIError,
+from llama_jev import JevAPIError, JevClient, RetryPolicy
+from llama_jev.errors import (
     JevAuthenticationError,
     JevBadRequestError,
-    JevClient,
     JevConnectionError,
     JevInvalidResponseError,
     JevNotFoundError,
@@ -21,10 +20,8 @@ from llama_jev import (
     JevRateLimitError,
     JevServerError,
     JevTimeoutError,
-    NoulQuestion,
-    RetryPolicy,
-    SystemOneRequest,
 )
+from llama_jev.systemone import NoulQuestion, SystemOneRequest
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

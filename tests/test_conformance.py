@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_jev import (
-    ChoiceQuestion,
-    JevClient,
-    JevError,
-    JevInvalidResponseError,
-    NoulQuestion,
-    RetryPolicy,
-    ScoreQuestion,
-    SystemOneRequest,
-)
+from llama_jev import JevClient, JevError, RetryPolicy
+from llama_jev.errors import JevInvalidResponseError
+from llama_jev.systemone import ChoiceQuestion, NoulQuestion, ScoreQuestion, SystemOneRequest
 from llama_jev.testing import SystemOneTestServer
 
 JEVCOMPAT = shutil.which("jevcompat", path=str(Path(sys.executable).parent)) or shutil.which("jevcompat")

@@ -16,16 +16,9 @@ import httpx
 import pytest
 
 import llama_jev.local.weights
-from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
-    CandidateSelector,
-    ExecutionOptions,
-    JevClient,
-    Mode,
-    Reason,
-    Status,
-)
+from llama_jev import CandidateSelector, ExecutionOptions, JevClient, Mode, Status
+from llama_jev.core import Reason
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 from llama_jev.local import LocalRelevanceJudge
 from llama_jev.testing import SystemOneTestServer
 

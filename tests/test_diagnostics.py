@@ -29,7 +29,6 @@ from llama_jev import (
     DecisionRecord,
     ExecutionOptions,
     JevClient,
-    JevInvalidResponseError,
     JevKnowledgeTool,
     JevNodePostprocessor,
     JevRetriever,
@@ -42,6 +41,7 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
+from llama_jev.errors import JevInvalidResponseError
 from llama_jev.local import LocalRelevanceJudge
 from llama_jev.testing import Fault, SystemOneTestServer
 

@@ -22,22 +22,20 @@ from llama_jev import (
     CandidateSelector,
     DecisionRecord,
     ExecutionOptions,
-    JevAuthenticationError,
     JevClient,
-    JevConnectionError,
     JevKnowledgeTool,
     JevNodePostprocessor,
     JevRetriever,
     MetadataAcl,
     MissingRuntimeContextError,
     Mode,
-    NoulQuestion,
     RetryPolicy,
     RuntimeContext,
     ScriptedJudge,
-    SystemOneRequest,
     runtime_context,
 )
+from llama_jev.errors import JevAuthenticationError, JevConnectionError
+from llama_jev.systemone import NoulQuestion, SystemOneRequest
 from llama_jev.testing import SystemOneTestServer
 
 from .conftest import API_KEY

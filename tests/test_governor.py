@@ -10,20 +10,18 @@ import threading
 import pytest
 
 from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
     CandidateSelector,
     DecisionRecord,
     ExecutionOptions,
     JevClient,
-    JevTimeoutError,
     Mode,
-    NoulQuestion,
-    Reason,
     RetryPolicy,
     Status,
-    SystemOneRequest,
 )
+from llama_jev.core import Reason
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
+from llama_jev.errors import JevTimeoutError
+from llama_jev.systemone import NoulQuestion, SystemOneRequest
 from llama_jev.systemone.governor import Governor, measure_queue_wait, report_queue_wait
 from llama_jev.testing import Fault, SystemOneTestServer
 

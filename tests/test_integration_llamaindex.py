@@ -26,12 +26,10 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import IndexNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
 
 from llama_jev import (
-    PROBABILITY_KEY,
     CandidateSelector,
     DecisionRecord,
     ExecutionOptions,
     JevClient,
-    JevDecisionEvent,
     JevKnowledgeTool,
     JevNodePostprocessor,
     JevRetriever,
@@ -43,6 +41,7 @@ from llama_jev import (
     ScriptedJudge,
     runtime_context,
 )
+from llama_jev.engine import PROBABILITY_KEY, JevDecisionEvent
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

@@ -13,7 +13,6 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llama_jev import (
-    PROBABILITY_KEY,
     CandidateSelector,
     DecisionRecord,
     ExecutionOptions,
@@ -26,6 +25,7 @@ from llama_jev import (
     RuntimeContext,
     runtime_context,
 )
+from llama_jev.engine import PROBABILITY_KEY
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

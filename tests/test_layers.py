@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llama_jev"
 
 # First path component under llama_jev/ -> its layer, lowest first.
 LAYERS: dict[str, int] = {
+    "_exports.py": 0,  # the lazy-export helper every package's __init__ calls
     "core": 0,  # identity, records, errors, context binding, the JSONL observer
     "acl": 1,  # MetadataAcl, check_acl, the missing-key diagnostics
     "stores": 2,  # one pushdown adapter per store
@@ -32,6 +33,7 @@ LAYERS: dict[str, int] = {
     "label.py": 9,
     "serve.py": 9,
     "__init__.py": 10,  # the public API re-exports every layer
+    "errors.py": 10,  # every error, from the core's and calibration's
 }
 
 MAX_LINES = 500
@@ -61,10 +63,12 @@ def _layer(module: str) -> int:
 
 
 def _imports(module: str) -> set[str]:
-    """The llama_jev modules ``module`` imports (resolved to the longest existing module name)."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    """The llama_jev modules ``module`` imports (resolved to the longest existing module name), its
+    ``.pyi`` stub's re-exports included (they are what the module loads on first use)."""
+    path = MODULES[module]
+    sources = [path, *[stub for stub in [path.with_suffix(".pyi")] if stub.exists()]]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (node for source in sources for node in ast.walk(ast.parse(source.read_text(encoding="utf-8")))):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from llama_jev import (
-    Candidate,
     CandidateSelector,
     DecisionRecord,
     ExecutionOptions,
@@ -17,6 +16,7 @@ from llama_jev import (
     runtime_context,
 )
 from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT, normalize_query, query_key
+from llama_jev.engine import Candidate
 
 from .corpus import ACL, ALICE, NOBODY, memory_index
 from .support import marked_answer

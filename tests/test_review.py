@@ -10,22 +10,20 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage
 
 from llama_jev import (
-    GROUNDED_QUESTION,
-    CandidateTooLargeError,
     DecisionRecord,
     DraftReviewer,
-    EvidenceTooLargeError,
     ExecutionOptions,
     JevError,
     Mode,
-    Reason,
     ResponseWithheldError,
     ReviewOutcome,
     ReviewStatus,
     ScriptedJudge,
     Status,
-    WithheldReason,
 )
+from llama_jev.core import Reason
+from llama_jev.errors import CandidateTooLargeError, EvidenceTooLargeError
+from llama_jev.review import GROUNDED_QUESTION, WithheldReason
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

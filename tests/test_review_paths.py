@@ -20,7 +20,6 @@ from llama_index.core.tools import FunctionTool
 from llama_index.core.workflow import Context
 
 from llama_jev import (
-    GROUNDED_QUESTION,
     CandidateSelector,
     DecisionRecord,
     DraftReviewer,
@@ -34,10 +33,10 @@ from llama_jev import (
     ResponseWithheldError,
     ReviewStatus,
     Status,
-    WithheldReason,
-    collect_evidence,
     runtime_context,
 )
+from llama_jev.retrieval import collect_evidence
+from llama_jev.review import GROUNDED_QUESTION, WithheldReason
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .corpus import ACL, ALICE, BY_ID, DOCS, GINA, memory_index

@@ -14,23 +14,20 @@ from typing import Any
 import pytest
 
 from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
     CandidateSelector,
-    CandidateTooLargeError,
     DecisionRecord,
     ExecutionOptions,
     JevClient,
     JsonlObserver,
     Mode,
-    NoulAnswer,
-    Reason,
     RetryPolicy,
     ScriptedJudge,
     Status,
-    SystemOneRequest,
-    SystemOneResult,
 )
+from llama_jev.core import Reason
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
+from llama_jev.errors import CandidateTooLargeError
+from llama_jev.systemone import NoulAnswer, SystemOneRequest, SystemOneResult
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

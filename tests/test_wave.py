@@ -11,22 +11,12 @@ import httpx
 import pytest
 from llama_index.core.schema import MetadataMode, NodeRelationship, NodeWithScore, RelatedNodeInfo, TextNode
 
-from llama_jev import (
-    RELEVANCE_QUESTION,
-    Candidate,
-    CandidateSelector,
-    ExecutionOptions,
-    JevInvalidResponseError,
-    Mode,
-    NoulAnswer,
-    NoulQuestion,
-    ScriptedJudge,
-    Status,
-    SystemOneRequest,
-    SystemOneResult,
-)
+from llama_jev import CandidateSelector, ExecutionOptions, Mode, ScriptedJudge, Status
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 from llama_jev.engine.pipeline import PROBABILITY_KEY, with_probability
 from llama_jev.engine.selector import estimate_tokens, even_out, plan_batches
+from llama_jev.errors import JevInvalidResponseError
+from llama_jev.systemone import NoulAnswer, NoulQuestion, SystemOneRequest, SystemOneResult
 from llama_jev.systemone.wire import check_result
 from llama_jev.testing import SystemOneTestServer
 

@@ -33,7 +33,6 @@ from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watchin
 from examples.refund_policy.ingest import ensure_collection
 from examples.refund_policy.models import Choice, choose_embedding, choose_judge
 from llama_jev import (
-    PROBABILITY_KEY,
     CandidateSelector,
     DecisionRecord,
     ExecutionOptions,
@@ -41,11 +40,12 @@ from llama_jev import (
     JevRetriever,
     Judge,
     Mode,
-    Observer,
     RetrievalInconclusiveError,
     RetrievalUnavailableError,
     runtime_context,
 )
+from llama_jev.core import Observer
+from llama_jev.engine import PROBABILITY_KEY
 
 TOP_K = 3
 CANDIDATE_LIMIT = 20

@@ -22,7 +22,7 @@ from typing import Any, ParamSpec
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from qdrant_client import AsyncQdrantClient, QdrantClient
 
-from llama_jev import JevAuthenticationError
+from llama_jev.errors import JevAuthenticationError
 
 DEFAULT_STORAGE = Path(__file__).resolve().parent / "storage"
 COLLECTION_PREFIX = "refund_policy"

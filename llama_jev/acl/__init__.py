@@ -1,6 +1,9 @@
 """Layer 1, who may read a node: the ``Acl`` type, ``MetadataAcl``, ``check_acl`` and the
-warnings that turn a silent misconfiguration into a log line."""
+warnings that turn a silent misconfiguration into a log line.
 
-from llama_jev.acl.rules import Acl, FilterStore, MetadataAcl, check_acl
+Names are listed once, in ``__init__.pyi``, and load on first use.
+"""
 
-__all__ = ["Acl", "FilterStore", "MetadataAcl", "check_acl"]
+from llama_jev._exports import attach
+
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

@@ -422,5 +422,5 @@ def select_records(
 
 
 def _scale(model: str) -> str:
-    """``"raw"``, or the mapping a :class:`~llama_jev.CalibratedJudge` appended (``jev-1+platt``)."""
+    """``"raw"``, or the mapping a :class:`~llama_jev.calibration.CalibratedJudge` appended (``jev-1+platt``)."""
     return model.rpartition("+")[2] if "+" in model else "raw"

@@ -20,26 +20,10 @@ package's code; the one WordPiece tokenizer these models share ships inside llam
   cosine), kept as the baseline the benchmark compares with.
 
 One forward pass runs at a time per process, whatever model runs it (see ``_FORWARD_LOCK``).
+
+Names are listed once, in ``__init__.pyi``, and load on first use.
 """
 
-from llama_jev.local.cross_encoder import MarcoCrossEncoder
-from llama_jev.local.minilm import BgeSmallEncoder, LocalEmbedding, MiniLMEncoder, ParaphraseMiniLMEncoder
-from llama_jev.local.passages import DEFAULT_MIDPOINT, DEFAULT_SLOPE, CosineSimilarityJudge
-from llama_jev.local.relevance import EXIT_LAYER, FEATURES, LocalRelevanceJudge, load_parameters
-from llama_jev.local.weights import carried_file
+from llama_jev._exports import attach
 
-__all__ = [
-    "DEFAULT_MIDPOINT",
-    "DEFAULT_SLOPE",
-    "EXIT_LAYER",
-    "FEATURES",
-    "BgeSmallEncoder",
-    "CosineSimilarityJudge",
-    "LocalEmbedding",
-    "LocalRelevanceJudge",
-    "MarcoCrossEncoder",
-    "MiniLMEncoder",
-    "ParaphraseMiniLMEncoder",
-    "carried_file",
-    "load_parameters",
-]
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

@@ -148,7 +148,7 @@ class LocalRelevanceJudge(_WindowedHead):
     at a time per process, so concurrent requests queue instead of oversubscribing the cores.
 
     ``timeout`` is honoured as a remote judge would: no batch of windows is started after it, and
-    an answer ready too late is discarded; both raise :class:`~llama_jev.LocalJudgeTimeoutError`.
+    an answer ready too late is discarded; both raise :class:`~llama_jev.errors.LocalJudgeTimeoutError`.
 
     Args:
         cross_encoder: a :class:`MarcoCrossEncoder` built with ``layers=`` the fit's layer (default:

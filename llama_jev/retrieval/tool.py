@@ -29,7 +29,7 @@ class JevKnowledgeTool:
     bound around the agent's ``run()``, never from tool arguments, so a model cannot search as
     somebody else. A judge failure or an inconclusive judgement is raised, which agents show the
     model as a tool error, never as an empty result. The passages it returns are added to the
-    evidence collector bound for the run (see :func:`~llama_jev.collect_evidence`), which is what
+    evidence collector bound for the run (see :func:`~llama_jev.retrieval.collect_evidence`), which is what
     :class:`~llama_jev.JevReviewedAgent` reviews the final answer against.
 
     Example:

@@ -2,35 +2,10 @@
 
 ``DraftReviewer`` holds the rule; ``JevReviewedQueryEngine``, ``JevReviewedAgent`` and
 ``JevGroundingEvaluator`` put it where a LlamaIndex application produces answers.
+
+Names are listed once, in ``__init__.pyi``, and load on first use.
 """
 
-from llama_jev.review.agent import JevReviewedAgent
-from llama_jev.review.evaluation import JevGroundingEvaluator
-from llama_jev.review.query_engine import REVIEW_METADATA_KEY, JevReviewedQueryEngine
-from llama_jev.review.reviewer import (
-    DRAFT_ID,
-    GROUNDED_QUESTION,
-    REVISION_PROMPT,
-    DraftReviewer,
-    ResponseWithheldError,
-    ReviewOutcome,
-    ReviewStatus,
-    WithheldReason,
-    revision_messages,
-)
+from llama_jev._exports import attach
 
-__all__ = [
-    "DRAFT_ID",
-    "GROUNDED_QUESTION",
-    "REVIEW_METADATA_KEY",
-    "REVISION_PROMPT",
-    "DraftReviewer",
-    "JevGroundingEvaluator",
-    "JevReviewedAgent",
-    "JevReviewedQueryEngine",
-    "ResponseWithheldError",
-    "ReviewOutcome",
-    "ReviewStatus",
-    "WithheldReason",
-    "revision_messages",
-]
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

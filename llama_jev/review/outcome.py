@@ -69,7 +69,7 @@ class WithheldReason(str, Enum):
     CALL_OR_RESPONSE_ERROR = "CALL_OR_RESPONSE_ERROR"
     """The judge call failed (HTTP error after retries, invalid answer)."""
     EVIDENCE_TOO_LARGE = "EVIDENCE_TOO_LARGE"
-    """The evidence and the draft do not fit in one request (:class:`~llama_jev.EvidenceTooLargeError`)."""
+    """The evidence and the draft do not fit in one request (:class:`~llama_jev.errors.EvidenceTooLargeError`)."""
     REVISION_FAILED = "REVISION_FAILED"
     """The LLM raised while revising."""
     REVISION_EMPTY = "REVISION_EMPTY"

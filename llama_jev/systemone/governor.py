@@ -6,7 +6,7 @@ requests asked (first in, first out); otherwise the request waits in a queue. Th
 to the server (AIMD, as TCP does): halved on a 429 or 529, raised by one after a limit's worth of
 successes, always within ``[min_limit, max_limit]``. A ``Retry-After`` pauses every admission
 until it has passed. A request never waits past its deadline: when the deadline comes first (or
-the pause ends after it) the request fails at once with :class:`~llama_jev.JevTimeoutError`.
+the pause ends after it) the request fails at once with :class:`~llama_jev.errors.JevTimeoutError`.
 
 The core is a lock and a queue of waiters; a sync waiter sleeps on a ``threading.Event``, an async
 waiter on a future of its own loop, woken with ``call_soon_threadsafe``, so an event loop never

@@ -51,7 +51,7 @@ class Judge(Protocol):
 
     A judge that computes its answers in this process (the offline judge) says so with a class
     attribute ``in_process = True`` (see :func:`runs_in_process`): when it runs out of budget the
-    failure is a :class:`~llama_jev.LocalJudgeTimeoutError`, not retryable, asking for a larger
+    failure is a :class:`~llama_jev.errors.LocalJudgeTimeoutError`, not retryable, asking for a larger
     ``budget=``, since the same work would take as long again. Remote judges need not define it.
     """
 
@@ -85,7 +85,7 @@ def answer_request(request: SystemOneRequest, answer: AnswerFunction, *, model: 
     """Answer every question of ``request`` with ``answer`` and validate the result.
 
     The values ``answer`` returns go through the same checks as a server's response, so a script
-    that returns 1.5 or NaN fails with :class:`~llama_jev.JevInvalidResponseError` exactly as a
+    that returns 1.5 or NaN fails with :class:`~llama_jev.errors.JevInvalidResponseError` exactly as a
     misbehaving server would.
     """
     try:

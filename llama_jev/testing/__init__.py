@@ -1,9 +1,10 @@
 """Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
 ``HashEmbedding``, a deterministic offline embedding for tests and demos, and
-``embedded_postgres()``, a throwaway PostgreSQL + pgvector (``llama_jev.testing.postgres``)."""
+``embedded_postgres()``, a throwaway PostgreSQL + pgvector (``llama_jev.testing.postgres``).
 
-from llama_jev.testing.embedding import HashEmbedding
-from llama_jev.testing.postgres import PostgresServer, embedded_postgres
-from llama_jev.testing.server import Fault, RecordedRequest, SystemOneTestServer
+Names are listed once, in ``__init__.pyi``, and load on first use.
+"""
 
-__all__ = ["Fault", "HashEmbedding", "PostgresServer", "RecordedRequest", "SystemOneTestServer", "embedded_postgres"]
+from llama_jev._exports import attach
+
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

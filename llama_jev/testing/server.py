@@ -75,7 +75,7 @@ class SystemOneTestServer:
         latency: seconds every request waits before it is answered.
         judge: answer every valid request with this :class:`~llama_jev.Judge` instead of
             ``answer`` (``llama_jev.serve`` serves the offline judge this way). A
-            :class:`~llama_jev.JevBadRequestError` it raises is a 422, a timeout a 504, any other
+            :class:`~llama_jev.errors.JevBadRequestError` it raises is a 422, a timeout a 504, any other
             failure a 500.
         host, port: where to listen (default ``127.0.0.1`` and an ephemeral port).
         in_flight_limit: like a rate-limited production server, answer a System One request

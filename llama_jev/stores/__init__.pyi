@@ -1,0 +1,23 @@
+"""Layer 2, the store adapters: the ACL pushed down into each vector store pushdown speaks."""
+
+from llama_jev.stores.base import (
+    KeyCensus as KeyCensus,
+)
+from llama_jev.stores.base import (
+    Pushdown as Pushdown,
+)
+from llama_jev.stores.registry import (
+    ADAPTERS as ADAPTERS,
+)
+from llama_jev.stores.registry import (
+    adapter_for as adapter_for,
+)
+from llama_jev.stores.registry import (
+    advice_for as advice_for,
+)
+from llama_jev.stores.registry import (
+    aretrieve as aretrieve,
+)
+from llama_jev.stores.registry import (
+    pushdown_for as pushdown_for,
+)

@@ -1,0 +1,19 @@
+"""Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
+``HashEmbedding`` and a throwaway PostgreSQL + pgvector."""
+
+from llama_jev.testing.embedding import HashEmbedding as HashEmbedding
+from llama_jev.testing.postgres import (
+    PostgresServer as PostgresServer,
+)
+from llama_jev.testing.postgres import (
+    embedded_postgres as embedded_postgres,
+)
+from llama_jev.testing.server import (
+    Fault as Fault,
+)
+from llama_jev.testing.server import (
+    RecordedRequest as RecordedRequest,
+)
+from llama_jev.testing.server import (
+    SystemOneTestServer as SystemOneTestServer,
+)

@@ -67,13 +67,18 @@ def _grant(rng: random.Random, pool: list[str], *, lists: bool) -> Any:
     return rng.sample(pool, rng.randint(1, 3))
 
 
-def acl_metadata(rng: random.Random, *, lists: bool = True) -> dict[str, Any]:
-    """One node's metadata: each ACL key absent or hostile; lists only where ``lists`` (LlamaIndex's Chroma store refuses them)."""
+def acl_metadata(rng: random.Random, *, lists: bool = True, list_flags: bool = True) -> dict[str, Any]:
+    """One node's metadata: each ACL key absent or hostile; lists only with ``lists``.
+
+    (LlamaIndex's Chroma store refuses list values, so what it writes has none.) Without
+    ``list_flags`` no tenant or public flag is a list: Qdrant matches a list's elements there,
+    so only lists under users and roles are in every adapter's exact domain.
+    """
     public = rng.choice([*PUBLIC_FLAGS, _ABSENT])
-    if not lists and isinstance(public, list):
+    if not (lists and list_flags) and isinstance(public, list):
         public = _ABSENT
     tenant = rng.choice(TENANTS) if rng.random() < 0.85 else rng.choice(DENIED_TENANTS)
-    if not lists and isinstance(tenant, list):
+    if not (lists and list_flags) and isinstance(tenant, list):
         tenant = "acme"
     values = {
         "tenant": tenant,

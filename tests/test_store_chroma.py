@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-chromadb = pytest.importorskip("chromadb")
+pytest.importorskip("chromadb")
 pytest.importorskip("llama_index.vector_stores.chroma")
 
-from llama_index.core import StorageContext, VectorStoreIndex
+import chromadb
+from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import QueryBundle, TextNode
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
@@ -83,9 +84,14 @@ def acl_collection(client: Any) -> tuple[Any, Rows]:
     rng = random.Random(7)
     collection = _collection(client, "acl-diff")
     scalar_nodes = [
-        TextNode(id_=f"li-{i:04d}", text=f"refund policy {i}", embedding=embedding(rng), metadata=acl_metadata(rng, lists=False))
+        TextNode(
+            id_=f"li-{i:04d}",
+            text=f"refund policy {i}",
+            embedding=embedding(rng),
+            metadata=acl_metadata(rng, lists=False),
+        )
         for i in range(NODES // 2)
-    ]  # fmt: skip
+    ]
     ChromaVectorStore(chroma_collection=collection).add(scalar_nodes)
     native = [(f"native-{i:04d}", acl_metadata(rng)) for i in range(NODES - NODES // 2)]
     collection.add(
@@ -295,7 +301,7 @@ def test_a_filter_it_cannot_translate_exactly_is_named_and_refused(filters: Meta
 def test_an_untranslatable_caller_filter_means_no_pushdown_and_a_warning_naming_it(
     acl_collection: tuple[Any, Rows], caplog: pytest.LogCaptureFixture
 ) -> None:
-    collection, rows = acl_collection
+    collection, _ = acl_collection
     index = VectorStoreIndex.from_vector_store(
         ChromaVectorStore(chroma_collection=collection), embed_model=HashEmbedding(dimensions=8)
     )
@@ -305,7 +311,8 @@ def test_an_untranslatable_caller_filter_means_no_pushdown_and_a_warning_naming_
         retriever = JevRetriever.from_index(index, _selector(), FULL_ACL, top_k=5, filters=own)
     assert retriever.prefilter is False
     (warning,) = [record.getMessage() for record in caplog.records if "Chroma" in record.getMessage()]
-    assert "'topic' with operator 'contains'" in warning and "applied after retrieval only" in warning
+    assert "'topic' with operator 'contains'" in warning
+    assert "applied after retrieval only" in warning
     assert secret not in warning
     with pytest.raises(TypeError, match="'topic' with operator 'contains'"):
         JevRetriever(index.as_retriever(filters=own), _selector(), FULL_ACL, prefilter=True)

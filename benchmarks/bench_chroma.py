@@ -13,6 +13,9 @@ times, interleaved so machine noise hits every variant alike:
 - ``post-filter``: ``JevRetriever`` OFF with ``prefilter=False``: the store answers the top 20 of
   the whole collection and the ACL removes what the caller may not read.
 
+and, to show where the time goes, Chroma's own ``collection.query`` with no ``where``, with the
+tenant alone, and with the ``where`` the adapter writes for the caller (no LlamaIndex around it).
+
 For each: the median (p50) and 90th-percentile latency, and how many of the top-20 returned the
 caller may read. The ACL is a ``MetadataAcl`` on tenant, users, roles and a public flag; the
 caller's tenant holds 2% of the nodes.
@@ -51,6 +54,7 @@ from llama_jev import (
     RuntimeContext,
     ScriptedJudge,
 )
+from llama_jev.stores.chroma import chroma_where
 from llama_jev.testing import HashEmbedding
 from llama_jev.testing.chroma import chroma_server
 
@@ -116,20 +120,39 @@ def clients(which: str) -> Iterator[list[tuple[str, Any]]]:
         yield found
 
 
-def retrieve(retriever: BaseRetriever, bundle: QueryBundle) -> list[NodeWithScore]:
-    if isinstance(retriever, JevRetriever):
-        return retriever.retrieve(bundle, ctx=CALLER)
-    return retriever.retrieve(bundle)
+class RawQuery:
+    """Chroma's ``collection.query`` alone, with a fixed ``where`` (or none)."""
+
+    def __init__(self, collection: Any, where: dict[str, Any] | None, top_k: int) -> None:
+        self.collection, self.where, self.top_k = collection, where, top_k
+
+    def run(self, bundle: QueryBundle) -> list[dict[str, Any]]:
+        extra = {"where": self.where} if self.where else {}
+        found = self.collection.query(query_embeddings=[bundle.embedding], n_results=self.top_k, **extra)
+        return list(found["metadatas"][0])
+
+
+def retrieve(retriever: BaseRetriever | RawQuery, bundle: QueryBundle) -> list[dict[str, Any]]:
+    """The metadata of what came back."""
+    if isinstance(retriever, RawQuery):
+        return retriever.run(bundle)
+    nodes: list[NodeWithScore] = (
+        retriever.retrieve(bundle, ctx=CALLER) if isinstance(retriever, JevRetriever) else retriever.retrieve(bundle)
+    )
+    return [node.node.metadata for node in nodes]
 
 
 def measure(collection: Any, args: argparse.Namespace) -> dict[str, tuple[float, float, float]]:
     embed = HashEmbedding(dimensions=args.dimensions)  # unused: every query brings its own vector
     index = VectorStoreIndex.from_vector_store(ChromaVectorStore(chroma_collection=collection), embed_model=embed)
     off = CandidateSelector(ScriptedJudge(lambda *_: 1.0), ExecutionOptions(mode=Mode.OFF))
-    variants: dict[str, BaseRetriever] = {
+    variants: dict[str, BaseRetriever | RawQuery] = {
         "unfiltered": index.as_retriever(similarity_top_k=args.top_k),
         "pushdown": JevRetriever.from_index(index, off, ACL, top_k=args.top_k),
         "post-filter": JevRetriever.from_index(index, off, ACL, top_k=args.top_k, prefilter=False),
+        "raw query, no where": RawQuery(collection, None, args.top_k),
+        "raw query, tenant only": RawQuery(collection, {"tenant": {"$eq": CALLER.tenant_id}}, args.top_k),
+        "raw query, the ACL's where": RawQuery(collection, chroma_where(ACL, CALLER), args.top_k),
     }
     pushdown = variants["pushdown"]
     assert isinstance(pushdown, JevRetriever)
@@ -146,7 +169,7 @@ def measure(collection: Any, args: argparse.Namespace) -> dict[str, tuple[float,
             if round_ < 3:
                 continue  # warm-up: connections, caches
             seconds[name].append(elapsed)
-            readable[name].append(sum(ACL.allows(CALLER, n.node.metadata) for n in nodes))
+            readable[name].append(sum(ACL.allows(CALLER, metadata) for metadata in nodes))
     return {
         name: (
             statistics.median(times) * 1000,

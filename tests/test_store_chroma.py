@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -383,3 +384,19 @@ def test_the_census_names_a_key_no_record_holds(acl_collection: tuple[Any, Rows]
     assert census is not None
     assert (census.absent, census.nodes) == (("allowed_users",), NODES)
     assert {"tenant", "users", "roles"} <= set(census.present)
+
+
+@pytest.mark.slow
+def test_the_test_server_stops_even_when_the_block_fails() -> None:
+    ports: list[int] = []
+
+    def failing_test() -> None:
+        with chroma_server() as server:
+            ports.append(server.port)
+            assert chromadb.HttpClient(host=server.host, port=server.port).heartbeat() > 0
+            raise RuntimeError("a failing test")
+
+    with pytest.raises(RuntimeError, match="a failing test"):
+        failing_test()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", ports[0]), timeout=1).close()

@@ -329,6 +329,12 @@ def test_a_where_in_vector_store_kwargs_is_anded_with_the_acl(acl_collection: tu
     assert retriever._kwargs == {"where": {"topic": {"$eq": "refund"}}}  # type: ignore[attr-defined]  # the caller's, untouched
 
 
+def test_an_acl_key_chroma_would_read_as_an_operator_is_refused_loudly(acl_collection: tuple[Any, Rows]) -> None:
+    collection, _ = acl_collection
+    with pytest.raises(ValueError, match=r"key '\$or' cannot be pushed into Chroma"):
+        ChromaPushdown(retriever_over(collection), MetadataAcl(tenant_key="tenant", roles_key="$or"), set())
+
+
 def test_hostile_identities_are_values_of_the_where_never_operators() -> None:
     ctx = RuntimeContext(user_id="$ne", tenant_id='{"$ne": ""}', roles=frozenset({"$in"}))
     assert chroma_where(FULL_ACL, ctx) == {

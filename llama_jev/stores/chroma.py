@@ -175,6 +175,11 @@ class ChromaPushdown(Pushdown):
 
     def __init__(self, retriever: BaseRetriever, acl: MetadataAcl, seen: Seen) -> None:
         super().__init__(retriever, acl, seen)
+        if operators := [key for key in acl.keys if key.startswith("$")]:
+            raise ValueError(
+                f"MetadataAcl key {operators[0]!r} cannot be pushed into Chroma, which reads a key starting with $ "
+                "as an operator: name the metadata key otherwise, or pass prefilter=False"
+            )
         _own_where(retriever)  # fail now, not on the first query, if the caller's filters cannot be stated
 
     @classmethod

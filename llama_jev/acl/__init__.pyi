@@ -4,6 +4,9 @@ from llama_jev.acl.rules import (
     Acl as Acl,
 )
 from llama_jev.acl.rules import (
+    AclTerms as AclTerms,
+)
+from llama_jev.acl.rules import (
     FilterStore as FilterStore,
 )
 from llama_jev.acl.rules import (

@@ -17,16 +17,17 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from llama_index.core.schema import BaseNode
-from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+from llama_index.core.vector_stores.types import MetadataFilters
 
 from llama_jev.core.context import RuntimeContext
 
-__all__ = ["Acl", "FilterStore", "MetadataAcl", "check_acl"]
+__all__ = ["PUBLIC_VALUES", "Acl", "AclTerms", "FilterStore", "MetadataAcl", "check_acl"]
 
 Acl: TypeAlias = Callable[[RuntimeContext, BaseNode], bool]
 """``acl(ctx, node) -> bool``: ``True`` when the caller ``ctx`` may read ``node``."""
@@ -34,16 +35,37 @@ Acl: TypeAlias = Callable[[RuntimeContext, BaseNode], bool]
 FilterStore: TypeAlias = Literal["qdrant", "simple"]
 """The vector stores ``MetadataAcl.filters`` knows how to address (they read filters differently)."""
 
-# A value no tenant, user or role field holds: together with IS_EMPTY it makes a filter that no
-# node satisfies, on every store (an empty field cannot equal a non-empty string).
-_NOTHING_SENTINEL = "llama_jev:match-nothing"
+# The public flag values the ACL accepts, and so the ones every store dialect must match: the
+# string "true", the int 1 and the boolean True (stores that tell them apart match each).
+PUBLIC_VALUES: tuple[str | int | bool, ...] = ("true", 1, True)
 
-# The public flag values the ACL accepts, and so the ones every store filter must match: the
-# string "true" and the int 1 (plus the boolean True, matched separately: LlamaIndex validation
-# refuses a boolean filter value).
-_PUBLIC_FILTER_VALUES: tuple[str | int, ...] = ("true", 1)
+# store -> (module, function) of its MetadataFilters dialect, beside the store's adapter.
+_DIALECTS: dict[str, tuple[str, str]] = {
+    "qdrant": ("llama_jev.stores.qdrant", "qdrant_filters"),
+    "simple": ("llama_jev.stores.memory", "simple_filters"),
+}
 
-_STORES: tuple[str, ...] = ("qdrant", "simple")
+
+@dataclass(frozen=True)
+class AclTerms:
+    """What a node must hold for one caller to read it, for a store dialect to translate.
+
+    Built by :meth:`MetadataAcl.terms`. Only the keys the ACL configures carry terms: a node is
+    readable when its tenant value is the string ``tenant`` (when ``tenant`` is set) and, where
+    the ACL has grant keys, one grant holds: ``user`` listed under the users key, one of
+    ``roles`` listed under the roles key, or the public flag one of ``public``.
+
+    Attributes:
+        tenant: the caller's tenant, or ``None`` when the ACL has no tenant key.
+        user: the caller's user id, or ``None`` when the ACL has no users key.
+        roles: the caller's roles, sorted (empty when the ACL has no roles key, or none held).
+        public: the public flag values that grant (:data:`PUBLIC_VALUES`), or empty.
+    """
+
+    tenant: str | None
+    user: str | None
+    roles: tuple[str, ...]
+    public: tuple[str | int | bool, ...]
 
 
 def _string_set(value: Any) -> frozenset[str] | None:
@@ -61,28 +83,9 @@ def _string_set(value: Any) -> frozenset[str] | None:
 
 def _is_public(value: Any) -> bool:
     # Exactly the string "true", the int 1 or the boolean True; not "True", "yes", 1.0 or a list:
-    # a public flag is a security decision, so only unmistakable values count. Each of the three
-    # is matched by every store filter MetadataAcl.filters writes, so the check and the
-    # pushed-down filter agree.
+    # a public flag is a security decision, so only unmistakable values count. PUBLIC_VALUES names
+    # the same three for every store dialect, so the check and the pushed-down filter agree.
     return value is True or (isinstance(value, str) and value == "true") or (type(value) is int and value == 1)
-
-
-def _boolean_true_filter(key: str) -> MetadataFilter:
-    """``key EQ True``, which Qdrant matches natively (``MatchValue(value=True)``).
-
-    LlamaIndex's ``MetadataFilter`` refuses a boolean value at validation (its value types are
-    strict int / float / str), so the filter is built without validation; Qdrant's filter
-    builder passes the value through unchanged.
-    """
-    return MetadataFilter.model_construct(key=key, operator=FilterOperator.EQ, value=True)
-
-
-def _match_nothing(key: str) -> list[MetadataFilter]:
-    """Conditions, to be ANDed, that no node satisfies: ``key`` is empty and equals a non-empty string."""
-    return [
-        MetadataFilter(key=key, operator=FilterOperator.IS_EMPTY, value=None),
-        MetadataFilter(key=key, operator=FilterOperator.EQ, value=_NOTHING_SENTINEL),
-    ]
 
 
 @dataclass(frozen=True)
@@ -208,35 +211,51 @@ class MetadataAcl:
             granted = granted or _is_public(metadata.get(self.public_key))
         return granted
 
+    def terms(self, ctx: RuntimeContext) -> AclTerms | None:
+        """What a node must hold for ``ctx`` to read it, store-neutral; ``None``: no node can match.
+
+        Every store dialect (``llama_jev.stores.<store>``) translates these terms, so the
+        fail-closed decisions are made here once: a tenant key with ``ctx.tenant_id=None``, or
+        grant keys none of which ``ctx`` can match (roles the only grant and no roles), match
+        nothing. Roles are sorted, so the same caller always gets the same restriction.
+
+        Raises:
+            TypeError: ``ctx`` is not a ``RuntimeContext``.
+
+        Example::
+
+            >>> MetadataAcl(tenant_key="tenant", roles_key="roles").terms(
+            ...     RuntimeContext(user_id="u1", tenant_id="acme", roles={"b", "a"})).roles
+            ('a', 'b')
+        """
+        if not isinstance(ctx, RuntimeContext):
+            raise TypeError(f"ctx must be a RuntimeContext, not {type(ctx).__name__}")
+        if self.tenant_key is not None and ctx.tenant_id is None:
+            return None  # fail closed in the store too: no tenant, no node (mirrors allows)
+        terms = AclTerms(
+            tenant=ctx.tenant_id if self.tenant_key is not None else None,
+            user=ctx.user_id if self.users_key is not None else None,
+            roles=tuple(sorted(ctx.roles)) if self.roles_key is not None else (),
+            public=PUBLIC_VALUES if self.public_key is not None else (),
+        )
+        if self._grant_keys_configured and terms.user is None and not terms.roles and not terms.public:
+            return None  # grants are required and ctx can match none of them
+        return terms
+
     def filters(self, ctx: RuntimeContext, *, store: FilterStore = "qdrant") -> MetadataFilters:
-        """The same decision for ``ctx`` as ``MetadataFilters``, for a vector store to pre-filter.
+        """The same decision for ``ctx`` as LlamaIndex ``MetadataFilters``, for a vector store to pre-filter.
 
         On well-formed metadata (string tenant; users / roles as strings or lists of strings;
-        public flag ``"true"``, ``1`` or ``True``) the filter admits exactly the nodes ``self(ctx, node)``
-        admits. A caller who can match nothing (a tenant key but ``ctx.tenant_id is None``, or
-        roles the only grant and ``ctx.roles`` empty) gets a filter that matches no node.
+        public flag ``"true"``, ``1`` or ``True``) the filter admits the nodes ``self(ctx, node)``
+        admits. ``store`` picks the dialect, since stores read filters differently; each lives
+        beside its store's adapter and is documented there:
 
-        ``store`` picks the dialect, since stores read filters differently:
+        - ``"qdrant"``: :func:`llama_jev.stores.qdrant.qdrant_filters` (exact on well-formed metadata).
+        - ``"simple"``: :func:`llama_jev.stores.memory.simple_filters` (the in-memory
+          ``SimpleVectorStore``: one level of filters, so some configurations raise ``ValueError``).
 
-        - ``"qdrant"`` (``QdrantVectorStore``): ``tenant EQ`` AND a nested OR of
-          ``users IN [user_id]``, ``roles IN ctx.roles``, ``public EQ "true"``, ``public EQ 1``,
-          ``public EQ True`` (Qdrant matches booleans natively; that one filter is built without
-          LlamaIndex's validation, which refuses boolean values).
-          Qdrant matches a condition on a list field when any element matches, so string and
-          list values are both exact.
-        - ``"simple"`` (the default in-memory ``SimpleVectorStore``): that store rejects nested
-          filters, so only one level is possible: the tenant alone, the grants alone (a flat OR),
-          or the tenant with a single users or roles key. Other configurations raise
-          ``ValueError`` (retrieve without ``filters=``; the ACL still runs on every candidate).
-          List values are matched with ``CONTAINS`` / ``ANY``, which the store evaluates as
-          Python ``in``: exact for lists, but a plain *string* value is tested as a substring
-          (``"u10"`` contains ``"u1"``), so with this store keep users and roles as lists. The
-          looser match only costs recall slots, since the ACL still removes such nodes; a
-          number under a users / roles key (malformed) makes this store raise ``TypeError``.
-          This store compares with Python ``==``, so ``public EQ 1`` also matches ``True`` (public)
-          and ``1.0`` (not public: the ACL then removes it). ``JevRetriever`` does not need this
-          dialect for the in-memory store: it pushes the ACL down as a node-id restriction, which
-          is exact for every configuration.
+        ``JevRetriever.from_index`` pushes the ACL down by itself (also into Chroma and
+        PostgreSQL, which take no ``MetadataFilters`` for it); this is for querying a store yourself.
 
         Raises:
             ValueError: unknown ``store``, or a configuration ``store`` cannot express.
@@ -251,81 +270,15 @@ class MetadataAcl:
         """
         if not isinstance(ctx, RuntimeContext):
             raise TypeError(f"ctx must be a RuntimeContext, not {type(ctx).__name__}")
-        if store not in _STORES:
-            raise ValueError(f"unknown store {store!r}; MetadataAcl.filters supports {', '.join(_STORES)}")
-        if store == "simple":
-            self._check_flat_expressible()
-
-        conditions: list[MetadataFilter | MetadataFilters] = []
-        if self.tenant_key is not None:
-            if ctx.tenant_id is None:
-                # Fail closed in the store too: no tenant, no node (mirrors __call__).
-                return MetadataFilters(filters=list(_match_nothing(self.tenant_key)), condition=FilterCondition.AND)
-            conditions.append(MetadataFilter(key=self.tenant_key, operator=FilterOperator.EQ, value=ctx.tenant_id))
-
-        if self._grant_keys_configured:
-            grants = self._grant_conditions(ctx, store)
-            if not grants:
-                # Never emit an empty OR group: Qdrant skips empty nested filters, which would
-                # turn "no grant possible" into "no grant needed".
-                key = self.roles_key or self.users_key or self.public_key
-                assert key is not None  # _grant_keys_configured
-                conditions.extend(_match_nothing(key))
-            elif len(grants) == 1:
-                conditions.append(grants[0])
-            elif not conditions:
-                # Grants alone: one flat OR, which every store accepts.
-                return MetadataFilters(filters=list(grants), condition=FilterCondition.OR)
-            else:
-                # Only reachable for Qdrant: _check_flat_expressible refused this for "simple".
-                conditions.append(MetadataFilters(filters=list(grants), condition=FilterCondition.OR))
-        return MetadataFilters(filters=conditions, condition=FilterCondition.AND)
-
-    def _grant_conditions(self, ctx: RuntimeContext, store: FilterStore) -> list[MetadataFilter]:
-        """The OR-ed conditions of which one must hold; empty when ``ctx`` can match none."""
-        grants: list[MetadataFilter] = []
-        roles = sorted(ctx.roles)  # sorted: the same caller always gets the same filter
-        if store == "qdrant":
-            # Qdrant's IN becomes MatchAny, which on a list payload matches any element.
-            if self.users_key is not None:
-                grants.append(MetadataFilter(key=self.users_key, operator=FilterOperator.IN, value=[ctx.user_id]))
-            if self.roles_key is not None and roles:
-                grants.append(MetadataFilter(key=self.roles_key, operator=FilterOperator.IN, value=roles))
-        else:
-            # SimpleVectorStore's IN is `field in value` (never true for a list field); CONTAINS
-            # and ANY are `value in field`, the list-membership test this store needs.
-            if self.users_key is not None:
-                grants.append(MetadataFilter(key=self.users_key, operator=FilterOperator.CONTAINS, value=ctx.user_id))
-            if self.roles_key is not None and roles:
-                grants.append(MetadataFilter(key=self.roles_key, operator=FilterOperator.ANY, value=roles))
-        if self.public_key is not None:
-            grants.extend(
-                MetadataFilter(key=self.public_key, operator=FilterOperator.EQ, value=value)
-                for value in _PUBLIC_FILTER_VALUES
-            )
-            if store == "qdrant":
-                # Qdrant tells True from 1; the in-memory store's `==` already matches it with 1.
-                grants.append(_boolean_true_filter(self.public_key))
-        return grants
-
-    def _check_flat_expressible(self) -> None:
-        """Refuse, for the one-level ``SimpleVectorStore``, configurations needing AND-of-OR.
-
-        Decided from the configuration, not the caller, so the same ACL never works for one user
-        and fails for another. The public flag is two conditions (``"true"``, ``1``), so with a
-        tenant it needs nesting too.
-        """
-        if self.tenant_key is None:
-            return
-        grant_keys = [key for key in (self.users_key, self.roles_key) if key is not None]
-        if self.public_key is None and len(grant_keys) <= 1:
-            return
-        raise ValueError(
-            f"{self!r} cannot be expressed as a filter for the in-memory SimpleVectorStore, which "
-            "rejects nested filters: a tenant together with a public flag or with both users and roles "
-            "needs AND(tenant, OR(...)). Retrieve without filters= (the ACL still checks every candidate) "
-            'or use a store that accepts nested filters, such as Qdrant (store="qdrant").'
+        if store not in _DIALECTS:
+            raise ValueError(f"unknown store {store!r}; MetadataAcl.filters supports {', '.join(_DIALECTS)}")
+        # The dialect lives with its store's adapter, one layer up (llama_jev.stores); it is
+        # loaded by name so this layer never imports a store module (tests/test_layers.py).
+        module_name, function_name = _DIALECTS[store]
+        dialect: Callable[[MetadataAcl, RuntimeContext], MetadataFilters] = getattr(
+            importlib.import_module(module_name), function_name
         )
+        return dialect(self, ctx)
 
 
 def check_acl(acl: Acl, ctx: RuntimeContext, node: BaseNode) -> bool:

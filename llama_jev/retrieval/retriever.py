@@ -125,10 +125,12 @@ class JevRetriever(BaseRetriever):
     ) -> JevRetriever:
         """Wrap ``index.as_retriever(similarity_top_k=top_k, **retriever_kwargs)``.
 
-        ``prefilter`` defaults to on for a :class:`MetadataAcl` over Qdrant, the in-memory store
-        or an ``AclPGVectorStore`` (the store pre-filters, the ACL post-filters again), off
+        ``prefilter`` defaults to on for a :class:`MetadataAcl` over a store an adapter of
+        ``llama_jev.stores`` speaks (Qdrant, the in-memory store, an ``AclPGVectorStore``,
+        Chroma, or one you ``register()``; the store pre-filters, the ACL post-filters again), off
         otherwise (logged once at INFO: then the wrapped retriever's events carry nodes the caller
-        may not read; over a plain ``PGVectorStore``, once at WARNING naming ``AclPGVectorStore``).
+        may not read; at WARNING where the store could have it in another form: a plain
+        ``PGVectorStore``, or Chroma with a filter of the caller's it cannot translate).
         ``question`` is the yes/no question asked per node. A keyword the index's retriever does
         not take is a ``TypeError`` (LlamaIndex would swallow a misspelled one silently).
 

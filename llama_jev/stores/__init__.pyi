@@ -7,10 +7,10 @@ from llama_jev.stores.base import (
     Pushdown as Pushdown,
 )
 from llama_jev.stores.registry import (
-    ADAPTERS as ADAPTERS,
+    adapter_for as adapter_for,
 )
 from llama_jev.stores.registry import (
-    adapter_for as adapter_for,
+    adapters as adapters,
 )
 from llama_jev.stores.registry import (
     advice_for as advice_for,
@@ -20,4 +20,7 @@ from llama_jev.stores.registry import (
 )
 from llama_jev.stores.registry import (
     pushdown_for as pushdown_for,
+)
+from llama_jev.stores.registry import (
+    register as register,
 )

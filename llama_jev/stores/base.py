@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.vector_stores.types import FilterCondition, MetadataFilters
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
 
-__all__ = ["KeyCensus", "Pushdown", "Seen", "restrict_filters", "vector_store_of"]
+__all__ = [
+    "KeyCensus",
+    "Pushdown",
+    "Seen",
+    "match_nothing",
+    "restrict_filters",
+    "retrieve_in_thread",
+    "vector_store_of",
+]
+
+# A value no tenant, user or role field holds: with IS_EMPTY on the same key, a filter no node
+# satisfies on every store (an empty field cannot equal a non-empty string).
+_NOTHING_SENTINEL = "llama_jev:match-nothing"
 
 Seen = set[tuple[str, ...]]
 """The causes already warned about, per retriever: a warning is said once per retriever and cause."""
@@ -43,6 +59,21 @@ def vector_store_of(retriever: BaseRetriever) -> Any:
     return getattr(retriever, "_vector_store", None)
 
 
+def match_nothing(key: str) -> MetadataFilters:
+    """``MetadataFilters`` no node satisfies: ``key`` is empty AND equals a non-empty string.
+
+    Never an empty filter group instead: Qdrant skips an empty nested filter, which would turn
+    "no node" into "every node".
+    """
+    return MetadataFilters(
+        filters=[
+            MetadataFilter(key=key, operator=FilterOperator.IS_EMPTY, value=None),
+            MetadataFilter(key=key, operator=FilterOperator.EQ, value=_NOTHING_SENTINEL),
+        ],
+        condition=FilterCondition.AND,
+    )
+
+
 def restrict_filters(retriever: BaseRetriever, upstream: BaseRetriever, restriction: MetadataFilters) -> None:
     """Give ``upstream`` (this query's copy of ``retriever``) ``restriction`` AND the caller's own ``filters``."""
     existing: MetadataFilters | None = getattr(retriever, "_filters", None)
@@ -64,8 +95,10 @@ class Pushdown(ABC):
     parameter), never pasted into a query string. The in-process ACL still checks every node
     that comes back: pushdown only keeps unreadable nodes out of the store's answer.
 
-    A new store: subclass this in ``llama_jev/stores/<store>.py`` and add it to
-    ``llama_jev.stores.ADAPTERS``.
+    A new store is one subclass: :attr:`name`, :meth:`recognises` and :meth:`restrict`, then
+    ``llama_jev.stores.register(MyPushdown)`` (docs/stores-and-pushdown.md, "Write your own
+    adapter"). The rest is optional: :meth:`advice`, :meth:`census` / :meth:`acensus`,
+    :meth:`in_thread`.
     """
 
     name: ClassVar[str]
@@ -95,6 +128,16 @@ class Pushdown(ABC):
         """Restrict ``upstream`` (this query's copy of the retriever) to the nodes ``ctx`` may read."""
 
     @classmethod
+    def in_thread(cls, retriever: BaseRetriever) -> tuple[bool, str | None]:
+        """Whether ``aretrieve`` over ``retriever`` runs its sync retrieval in a worker thread, and why.
+
+        ``(False, None)`` by default: ``retriever.aretrieve`` is awaited. An adapter whose store
+        answers async queries only by blocking the event loop returns ``(True, warning)``;
+        ``warning`` (or ``None``: nothing the caller can change) is logged once per retriever.
+        """
+        return False, None
+
+    @classmethod
     def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
         """Ask the whole store which of ``keys`` not one of its nodes holds; ``None``: it cannot be asked.
 
@@ -111,3 +154,18 @@ class Pushdown(ABC):
     async def acensus(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
         """:meth:`census` for ``aretrieve``: by default the sync census in a worker thread."""
         return await asyncio.to_thread(cls.census, retriever, keys)
+
+
+async def retrieve_in_thread(
+    retriever: BaseRetriever, query_bundle: QueryBundle, warned: threading.Event, warning: str | None
+) -> list[NodeWithScore]:
+    """Run ``retriever``'s sync retrieval in a worker thread, with this task's context (identity, spans) copied.
+
+    For a store whose async path would block the event loop; ``warning``, when given, is logged
+    once per ``warned``.
+    """
+    if warning is not None and not warned.is_set():
+        warned.set()
+        logging.getLogger("llama_jev").warning(warning)  # the package logger DESIGN names for warnings
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(None, context.run, retriever.retrieve, query_bundle)

@@ -3,7 +3,8 @@
 That store rejects nested filters, so the ACL cannot be one filter for most configurations.
 Instead the ACL itself decides over the metadata the store keeps, and the retriever is asked
 for the readable ids only: exact for every configuration, and the caller's own flat
-``filters`` stay untouched.
+``filters`` stay untouched. :func:`simple_filters` (also ``MetadataAcl.filters(ctx,
+store="simple")``) is the ACL as the flat filters this store reads, for querying it yourself.
 """
 
 from __future__ import annotations
@@ -13,13 +14,82 @@ from typing import ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.simple import SimpleVectorStore
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
 from llama_jev.acl.diagnostics import warn_malformed
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, match_nothing, vector_store_of
 
-__all__ = ["MemoryPushdown"]
+__all__ = ["MemoryPushdown", "simple_filters"]
+
+
+def simple_filters(acl: MetadataAcl, ctx: RuntimeContext) -> MetadataFilters:
+    """``acl`` for ``ctx`` as the one-level ``MetadataFilters`` the in-memory ``SimpleVectorStore`` reads.
+
+    That store rejects nested filters, so only one level is possible: the tenant alone, the
+    grants alone (a flat OR), or the tenant with a single users or roles key; other
+    configurations raise ``ValueError`` (decided from the configuration, never the caller).
+    Users and roles are matched with ``CONTAINS`` / ``ANY``, which the store evaluates as Python
+    ``in``: exact for lists, but a plain *string* value is tested as a substring (``"u10"``
+    contains ``"u1"``), so with this store keep users and roles as lists. The looser match only
+    costs recall slots, since the ACL still removes such nodes; a number under a users / roles
+    key (malformed) makes this store raise ``TypeError``. It compares with Python ``==``, so
+    ``public EQ 1`` also matches ``True`` (public) and ``1.0`` (not public: the ACL removes it).
+    ``JevRetriever`` does not need this: it pushes the ACL down as a node-id restriction, exact
+    for every configuration.
+
+    Raises:
+        ValueError: a configuration this store cannot express.
+
+    Example::
+
+        retriever = index.as_retriever(similarity_top_k=20, filters=simple_filters(acl, ctx))
+    """
+    _check_flat_expressible(acl)
+    terms = acl.terms(ctx)
+    key = acl.tenant_key or acl.roles_key or acl.users_key or acl.public_key
+    assert key is not None  # MetadataAcl refuses an ACL without keys
+    if terms is None:
+        return match_nothing(key)
+    conditions: list[MetadataFilter | MetadataFilters] = []
+    if acl.tenant_key is not None and terms.tenant is not None:
+        conditions.append(MetadataFilter(key=acl.tenant_key, operator=FilterOperator.EQ, value=terms.tenant))
+    grants: list[MetadataFilter] = []
+    # This store's IN is `field in value` (never true for a list field); CONTAINS and ANY are
+    # `value in field`, the list-membership test it needs.
+    if acl.users_key is not None and terms.user is not None:
+        grants.append(MetadataFilter(key=acl.users_key, operator=FilterOperator.CONTAINS, value=terms.user))
+    if acl.roles_key is not None and terms.roles:
+        grants.append(MetadataFilter(key=acl.roles_key, operator=FilterOperator.ANY, value=list(terms.roles)))
+    if acl.public_key is not None:
+        # Python `==` already matches True with 1, and LlamaIndex validation refuses a boolean value.
+        grants.extend(
+            MetadataFilter(key=acl.public_key, operator=FilterOperator.EQ, value=value)
+            for value in terms.public
+            if not isinstance(value, bool)
+        )
+    if len(grants) == 1:
+        conditions.append(grants[0])
+    elif grants:
+        # The grants alone (_check_flat_expressible refused them beside a tenant): one flat OR.
+        return MetadataFilters(filters=list(grants), condition=FilterCondition.OR)
+    return MetadataFilters(filters=conditions, condition=FilterCondition.AND)
+
+
+def _check_flat_expressible(acl: MetadataAcl) -> None:
+    """Refuse the configurations needing AND-of-OR; the public flag is two conditions ("true", 1)."""
+    if acl.tenant_key is None:
+        return
+    grant_keys = [key for key in (acl.users_key, acl.roles_key) if key is not None]
+    if acl.public_key is None and len(grant_keys) <= 1:
+        return
+    raise ValueError(
+        f"{acl!r} cannot be expressed as a filter for the in-memory SimpleVectorStore, which "
+        "rejects nested filters: a tenant together with a public flag or with both users and roles "
+        "needs AND(tenant, OR(...)). Retrieve without filters= (the ACL still checks every candidate) "
+        'or use a store that accepts nested filters, such as Qdrant (store="qdrant").'
+    )
 
 
 class MemoryPushdown(Pushdown):

@@ -1,34 +1,83 @@
 """Pushdown into Qdrant (``QdrantVectorStore``): the ACL as metadata filters, ANDed with the caller's.
 
-``MetadataAcl.filters(ctx, store="qdrant")`` states the ACL as LlamaIndex ``MetadataFilters``;
-the Qdrant integration turns them into Qdrant's native ``Filter`` with every value a typed
-field of the request, never part of a query string. The store's class is recognised by name,
-so ``llama_jev`` imports without the ``qdrant`` extra.
+:func:`qdrant_filters` (also ``MetadataAcl.filters(ctx, store="qdrant")``) states the ACL as
+LlamaIndex ``MetadataFilters``; the Qdrant integration turns them into Qdrant's native
+``Filter`` with every value a typed field of the request, never part of a query string. The
+store's class is recognised by name, so ``llama_jev`` imports without the ``qdrant`` extra.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import logging
-import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, restrict_filters, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, match_nothing, restrict_filters, vector_store_of
 
-__all__ = ["QdrantPushdown", "is_qdrant", "retrieve_in_thread", "sync_only"]
+__all__ = ["QdrantPushdown", "is_qdrant", "qdrant_filters", "sync_only"]
+
+_SYNC_ONLY_WARNING = (
+    "aretrieve over a QdrantVectorStore without an async client: running the sync retrieval in a "
+    "worker thread. Pass aclient=AsyncQdrantClient(...) to QdrantVectorStore for native async retrieval."
+)
 
 
 def is_qdrant(retriever: BaseRetriever) -> bool:
     """Whether ``retriever`` reads a ``QdrantVectorStore``."""
     store = vector_store_of(retriever)
     return store is not None and type(store).__name__ == "QdrantVectorStore"
+
+
+def qdrant_filters(acl: MetadataAcl, ctx: RuntimeContext) -> MetadataFilters:
+    """``acl`` for ``ctx`` as ``MetadataFilters`` for a ``QdrantVectorStore``: exact on well-formed metadata.
+
+    ``tenant EQ`` AND a nested OR of ``users IN [user_id]``, ``roles IN ctx.roles``,
+    ``public EQ "true"``, ``public EQ 1``, ``public EQ True``. Qdrant matches a condition on a list
+    field when any element matches, so string and list values are both exact, and it tells
+    ``True`` from ``1`` (the boolean filter is built without LlamaIndex's validation, which
+    refuses boolean values; Qdrant's filter builder passes it through). A caller who can match
+    nothing gets a filter no node satisfies.
+
+    Example::
+
+        retriever = index.as_retriever(similarity_top_k=20, filters=qdrant_filters(acl, ctx))
+    """
+    terms = acl.terms(ctx)
+    key = acl.tenant_key or acl.roles_key or acl.users_key or acl.public_key
+    assert key is not None  # MetadataAcl refuses an ACL without keys
+    if terms is None:
+        return match_nothing(key)
+    conditions: list[MetadataFilter | MetadataFilters] = []
+    if acl.tenant_key is not None and terms.tenant is not None:
+        conditions.append(MetadataFilter(key=acl.tenant_key, operator=FilterOperator.EQ, value=terms.tenant))
+    grants: list[MetadataFilter] = []
+    # Qdrant's IN becomes MatchAny, which on a list payload matches any element.
+    if acl.users_key is not None and terms.user is not None:
+        grants.append(MetadataFilter(key=acl.users_key, operator=FilterOperator.IN, value=[terms.user]))
+    if acl.roles_key is not None and terms.roles:
+        grants.append(MetadataFilter(key=acl.roles_key, operator=FilterOperator.IN, value=list(terms.roles)))
+    if acl.public_key is not None:
+        grants.extend(_equals(acl.public_key, value) for value in terms.public)
+    if len(grants) == 1:
+        conditions.append(grants[0])
+    elif grants and not conditions:
+        return MetadataFilters(filters=list(grants), condition=FilterCondition.OR)
+    elif grants:
+        conditions.append(MetadataFilters(filters=list(grants), condition=FilterCondition.OR))
+    return MetadataFilters(filters=conditions, condition=FilterCondition.AND)
+
+
+def _equals(key: str, value: str | int | bool) -> MetadataFilter:
+    if isinstance(value, bool):
+        # LlamaIndex's MetadataFilter refuses a boolean (its value types are strict int / float /
+        # str); Qdrant matches it natively (MatchValue(value=True)), and tells it from 1.
+        return MetadataFilter.model_construct(key=key, operator=FilterOperator.EQ, value=value)
+    return MetadataFilter(key=key, operator=FilterOperator.EQ, value=value)
 
 
 class QdrantPushdown(Pushdown):
@@ -39,14 +88,23 @@ class QdrantPushdown(Pushdown):
     def __init__(self, retriever: BaseRetriever, acl: MetadataAcl, seen: Seen) -> None:
         super().__init__(retriever, acl, seen)
         # Fail now, not on the first query, when this store cannot express the ACL.
-        acl.filters(RuntimeContext(user_id="probe", tenant_id="probe", roles=frozenset({"probe"})), store="qdrant")
+        qdrant_filters(acl, RuntimeContext(user_id="probe", tenant_id="probe", roles=frozenset({"probe"})))
 
     @classmethod
     def recognises(cls, retriever: BaseRetriever) -> bool:
         return is_qdrant(retriever) and hasattr(retriever, "_filters")
 
     def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
-        restrict_filters(self.retriever, upstream, self.acl.filters(ctx, store="qdrant"))
+        restrict_filters(self.retriever, upstream, qdrant_filters(self.acl, ctx))
+
+    @classmethod
+    def in_thread(cls, retriever: BaseRetriever) -> tuple[bool, str | None]:
+        """A store with a sync client only: LlamaIndex's async Qdrant path needs an ``AsyncQdrantClient``.
+
+        Qdrant local mode cannot open one folder with both clients, and agents call
+        ``aretrieve``, so the sync retrieval runs in a worker thread (with a warning once).
+        """
+        return (True, _SYNC_ONLY_WARNING) if sync_only(retriever) else (False, None)
 
     @classmethod
     def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
@@ -116,21 +174,3 @@ def sync_only(retriever: BaseRetriever) -> bool:
         return False
     store = vector_store_of(retriever)
     return getattr(store, "_aclient", None) is None and getattr(store, "_client", None) is not None
-
-
-async def retrieve_in_thread(
-    retriever: BaseRetriever, query_bundle: QueryBundle, warned: threading.Event
-) -> list[NodeWithScore]:
-    """Run the sync retrieval in a worker thread, with this task's context (identity, spans) copied.
-
-    LlamaIndex's async Qdrant path needs an ``AsyncQdrantClient``, and Qdrant local mode cannot
-    open one folder with both clients; agents call ``aretrieve``, so this keeps them working.
-    """
-    if not warned.is_set():
-        warned.set()
-        logging.getLogger("llama_jev").warning(  # the package logger DESIGN names for warnings
-            "aretrieve over a QdrantVectorStore without an async client: running the sync retrieval in a "
-            "worker thread. Pass aclient=AsyncQdrantClient(...) to QdrantVectorStore for native async retrieval."
-        )
-    context = contextvars.copy_context()
-    return await asyncio.get_running_loop().run_in_executor(None, context.run, retriever.retrieve, query_bundle)

@@ -1,0 +1,265 @@
+"""Pushdown into Chroma (LlamaIndex's ``ChromaVectorStore``): the ACL AND the caller's filters as one ``where``.
+
+The stock store cannot carry the ACL as ``MetadataFilters``: it has no operator for "a list
+holds this value", and it refuses a native ``where`` beside ``filters``. So this adapter writes
+the whole ``where`` itself, per query, on a private copy of the retriever: the ACL
+(:func:`chroma_where`) AND the caller's own ``filters`` (:func:`filters_where`, the stock store's
+own translation, operator for operator) AND any ``where`` the caller passed in
+``vector_store_kwargs``. Every value is a value of Chroma's filter document, never parsed as an
+operator: an identity ``"$ne"`` is compared as the string ``"$ne"``.
+
+Exact, measured against Chroma 1.5 (server and embedded; tests/test_store_chroma.py): the tenant
+(``$eq`` on a string matches only that string, never a list or a number); a user or role grant as
+a string (``$eq`` / ``$in``) or a member of a list of strings (``$contains``, which never
+matches a substring of a scalar); the public flag ``"true"``, ``1`` or ``True`` (Chroma compares by
+type, so ``True`` does not match ``1``). Not exact, so the in-process ACL removes them: a public
+flag of the float ``1.0`` (Chroma compares numbers by value) and malformed grant values (numbers
+under a users or roles key), which the ACL denies and Chroma's ``where`` cannot tell apart.
+
+A caller's filter this adapter cannot state exactly (``CONTAINS``, ``TEXT_MATCH``, ``NOT``, a key
+starting with ``$``, ...): no pushdown for that retriever, and one WARNING naming the filter's key
+and operator (never its value). The store's class is recognised by name, so ``llama_jev``
+imports without the ``chroma`` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+
+from llama_jev.acl.rules import MetadataAcl
+from llama_jev.core.identity import RuntimeContext
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, vector_store_of
+
+__all__ = ["ChromaPushdown", "UntranslatableFilterError", "chroma_where", "filters_where", "is_chroma"]
+
+Where = dict[str, Any]
+"""A Chroma ``where`` document."""
+
+# The stock store's operator table (llama_index.vector_stores.chroma.base), and so exactly what
+# it would send for the same filter: translated here the same way, nothing else.
+_OPERATORS: dict[FilterOperator, str] = {
+    FilterOperator.EQ: "$eq",
+    FilterOperator.NE: "$ne",
+    FilterOperator.GT: "$gt",
+    FilterOperator.LT: "$lt",
+    FilterOperator.GTE: "$gte",
+    FilterOperator.LTE: "$lte",
+    FilterOperator.IN: "$in",
+    FilterOperator.NIN: "$nin",
+}
+_CONDITIONS: dict[FilterCondition, str] = {FilterCondition.AND: "$and", FilterCondition.OR: "$or"}
+
+# A value no metadata field holds: `key == it AND key != it` holds for no node.
+_NOTHING_SENTINEL = "llama_jev:match-nothing"
+
+# Metadata read per page by the census, and the most nodes it reads before it gives up.
+_CENSUS_PAGE = 1000
+_CENSUS_LIMIT = 20_000
+
+
+class UntranslatableFilterError(ValueError):
+    """A caller's ``MetadataFilter`` Chroma's ``where`` cannot state exactly; names key and operator only."""
+
+
+def is_chroma(retriever: BaseRetriever) -> bool:
+    """Whether ``retriever`` reads LlamaIndex's ``ChromaVectorStore`` (or a subclass)."""
+    store = vector_store_of(retriever)
+    return store is not None and any(
+        cls.__name__ == "ChromaVectorStore" and cls.__module__.startswith("llama_index.vector_stores.chroma")
+        for cls in type(store).__mro__
+    )
+
+
+def chroma_where(acl: MetadataAcl, ctx: RuntimeContext) -> Where:
+    """``acl`` for ``ctx`` as a Chroma ``where``: exact for string and list-of-string grants.
+
+    Example::
+
+        >>> acl = MetadataAcl(tenant_key="tenant", users_key="users")
+        >>> chroma_where(acl, RuntimeContext(user_id="u1", tenant_id="acme"))  # doctest: +NORMALIZE_WHITESPACE
+        {'$and': [{'tenant': {'$eq': 'acme'}},
+                  {'$or': [{'users': {'$eq': 'u1'}}, {'users': {'$contains': 'u1'}}]}]}
+    """
+    terms = acl.terms(ctx)
+    if terms is None:
+        key = acl.keys[0]
+        return {"$and": [{key: {"$eq": _NOTHING_SENTINEL}}, {key: {"$ne": _NOTHING_SENTINEL}}]}
+    conditions: list[Where] = []
+    if acl.tenant_key is not None and terms.tenant is not None:
+        conditions.append({acl.tenant_key: {"$eq": terms.tenant}})
+    grants: list[Where] = []
+    # A scalar is matched by $eq / $in, a list of strings by $contains (never by $eq, and
+    # $contains never matches inside a scalar string): both shapes, one condition each.
+    if acl.users_key is not None and terms.user is not None:
+        grants += [{acl.users_key: {"$eq": terms.user}}, {acl.users_key: {"$contains": terms.user}}]
+    if acl.roles_key is not None and terms.roles:
+        grants.append({acl.roles_key: {"$in": list(terms.roles)}})
+        grants += [{acl.roles_key: {"$contains": role}} for role in terms.roles]
+    if acl.public_key is not None:
+        # One $eq each: Chroma's $in wants values of one type, and it tells True from 1.
+        grants += [{acl.public_key: {"$eq": value}} for value in terms.public]
+    if grants:
+        conditions.append(_join("$or", grants))
+    return _join("$and", conditions)
+
+
+def filters_where(filters: MetadataFilters | None) -> Where | None:
+    """The caller's ``MetadataFilters`` as a Chroma ``where``, as the stock store translates them; ``None``: none.
+
+    Raises:
+        UntranslatableFilterError: a filter the stock store does not translate either (its
+            operators are ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``, ``nin``, joined
+            by AND / OR), or a key starting with ``$``, which Chroma would read as an operator.
+    """
+    if filters is None:
+        return None
+    condition = _CONDITIONS.get(filters.condition or FilterCondition.AND)
+    if condition is None:
+        raise UntranslatableFilterError(f"a filter group with condition {_name(filters.condition)}")
+    parts: list[Where] = []
+    for item in filters.filters:
+        if isinstance(item, MetadataFilters):
+            nested = filters_where(item)
+            if nested is not None:
+                parts.append(nested)
+            continue
+        parts.append(_filter_where(item))
+    return _join(condition, parts) if parts else None
+
+
+def _filter_where(item: MetadataFilter) -> Where:
+    operator = _OPERATORS.get(item.operator)
+    if operator is None:
+        raise UntranslatableFilterError(f"the filter on key {item.key!r} with operator {_name(item.operator)}")
+    if item.key.startswith("$"):
+        raise UntranslatableFilterError(
+            f"the filter on key {item.key!r} (Chroma reads a key starting with $ as an operator)"
+        )
+    return {item.key: {operator: item.value}}
+
+
+def _name(value: Any) -> str:
+    return repr(getattr(value, "value", value))
+
+
+def _join(operator: str, parts: Sequence[Where]) -> Where:
+    # Chroma refuses $and / $or with fewer than two members.
+    if not parts:
+        return {}
+    return dict(parts[0]) if len(parts) == 1 else {operator: list(parts)}
+
+
+def _own_where(retriever: BaseRetriever) -> Where | None:
+    """The caller's own restriction: its ``filters`` AND its ``vector_store_kwargs`` ``where``."""
+    parts = [
+        where
+        for where in (filters_where(getattr(retriever, "_filters", None)), _kwargs_of(retriever).get("where"))
+        if where
+    ]
+    return _join("$and", parts) if parts else None
+
+
+def _kwargs_of(retriever: BaseRetriever) -> Mapping[str, Any]:
+    kwargs: Mapping[str, Any] = getattr(retriever, "_kwargs", None) or {}
+    return kwargs
+
+
+class ChromaPushdown(Pushdown):
+    """The ACL AND the caller's own filters as one native ``where``, for a retriever over ``ChromaVectorStore``."""
+
+    name: ClassVar[str] = "chroma"
+
+    def __init__(self, retriever: BaseRetriever, acl: MetadataAcl, seen: Seen) -> None:
+        super().__init__(retriever, acl, seen)
+        if operators := [key for key in acl.keys if key.startswith("$")]:
+            raise ValueError(
+                f"MetadataAcl key {operators[0]!r} cannot be pushed into Chroma, which reads a key starting with $ "
+                "as an operator: name the metadata key otherwise, or pass prefilter=False"
+            )
+        _own_where(retriever)  # fail now, not on the first query, if the caller's filters cannot be stated
+
+    @classmethod
+    def recognises(cls, retriever: BaseRetriever) -> bool:
+        return (
+            is_chroma(retriever)
+            and hasattr(retriever, "_filters")
+            and hasattr(retriever, "_kwargs")
+            and cls._untranslatable(retriever) is None
+        )
+
+    @classmethod
+    def advice(cls, retriever: BaseRetriever) -> str | None:
+        if not is_chroma(retriever):
+            return None
+        problem = cls._untranslatable(retriever)
+        if problem is None:
+            return None
+        return (
+            f"no pushdown into Chroma: {problem} of the wrapped retriever cannot be stated exactly as a Chroma where, "
+            "so the ACL is applied after retrieval only (denied nodes take top-k slots, and the wrapped retriever's "
+            "events carry them). Use ==, !=, <, <=, >, >=, in or nin filters to have the ACL pushed down with them."
+        )
+
+    @classmethod
+    def _untranslatable(cls, retriever: BaseRetriever) -> str | None:
+        try:
+            _own_where(retriever)
+        except UntranslatableFilterError as error:
+            return str(error)
+        return None
+
+    def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
+        acl_where = chroma_where(self.acl, ctx)
+        own = _own_where(self.retriever)
+        where = acl_where if own is None else {"$and": [acl_where, own]}
+        # The stock store refuses `where` beside `filters`: both are in `where` now. A new dict,
+        # since the shallow copy shares the caller's.
+        upstream._filters = None  # type: ignore[attr-defined]
+        upstream._kwargs = {**_kwargs_of(self.retriever), "where": where}  # type: ignore[attr-defined]
+
+    @classmethod
+    def in_thread(cls, retriever: BaseRetriever) -> tuple[bool, str | None]:
+        """Always for Chroma: ``ChromaVectorStore`` has no async path (its ``aquery`` blocks the event loop).
+
+        Nothing to warn about: no client the caller could pass would change it.
+        """
+        return (True, None) if is_chroma(retriever) else (False, None)
+
+    @classmethod
+    def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:
+        """Reads metadata page by page until every key is found; ``None`` past :data:`_CENSUS_LIMIT` nodes.
+
+        Chroma's ``where`` has no "key exists" (``$ne`` also matches a node without the key), so
+        the metadata is read; only key names are kept, and they go nowhere but the census.
+        """
+        collection = getattr(vector_store_of(retriever), "_collection", None)
+        if collection is None:
+            return None
+        where = f"the records of Chroma collection {collection.name!r}"
+        missing = set(keys)
+        present: set[str] = set()
+        read = 0
+        while missing and read < _CENSUS_LIMIT:
+            page = collection.get(limit=_CENSUS_PAGE, offset=read, include=["metadatas"])["metadatas"] or []
+            for metadata in page:
+                present.update(metadata or {})
+                missing -= {key for key in missing if (metadata or {}).get(key) is not None}
+            read += len(page)
+            if len(page) < _CENSUS_PAGE:
+                break
+        else:
+            if missing:
+                return None  # too many nodes to read: cannot say
+        total = collection.count()
+        if total == 0:
+            return KeyCensus(absent=(), nodes=0, where=where)
+        return KeyCensus(
+            absent=tuple(key for key in keys if key in missing),
+            nodes=total,
+            where=where,
+            present=tuple(sorted(present)),
+        )

@@ -264,3 +264,11 @@ def test_no_production_module_imports_the_test_helpers() -> None:
 # The offline judge's command serves through the test server's loop until the judge server
 # (llama_jev.server, issue 26) replaces it; then this list is empty.
 EXPECTED_TESTING_IMPORTERS = ["llama_jev/serve.py"]
+
+
+def test_the_stores_old_adapters_tuple_still_resolves_with_a_warning() -> None:
+    import llama_jev.stores
+
+    with pytest.warns(DeprecationWarning, match=r"llama_jev\.stores\.adapters\(\)"):
+        old = llama_jev.stores.ADAPTERS
+    assert old == tuple(llama_jev.stores.adapters())

@@ -31,7 +31,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from llama_jev.server.app import DropConnection, Exchange, ServerSettings, create_app
+from llama_jev.server.app import ServerSettings, create_app
+from llama_jev.server.exchange import DropConnection, Exchange
 from llama_jev.server.http import ConnectionLedger, ThreadedServer, bind
 from llama_jev.server.protocol import JSON_TYPE, SYSTEM_ONE_PATH
 from llama_jev.systemone.judge import AnswerFunction, Judge, answer_request

@@ -466,3 +466,73 @@ def test_the_key_from_the_environment_and_json_logs_without_text() -> None:
     assert set(judged[1]) == {"time", "method", "route", "status", "candidates", "ms"}
     for text in (QUERY, ANSWER, KEY):
         assert text not in server.stdout() + server.stderr()
+
+
+# -- the application in a user's app -----------------------------------------------------------------
+
+
+@pytest.fixture
+def mounted() -> Iterator[tuple[str, Any]]:
+    """create_app mounted at /judge in a user's Starlette app, on uvicorn, 127.0.0.1."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    from llama_jev.server import create_app
+    from llama_jev.server.http import ConnectionLedger, ThreadedServer, bind
+    from llama_jev.systemone.judge import ScriptedJudge
+
+    judge_app = create_app(ScriptedJudge(lambda state, qid, instructions: 0.8, model="mounted"), api_key=KEY)
+
+    async def home(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("the user's own route")
+
+    app = Starlette(routes=[Route("/", home), Mount("/judge", app=judge_app)])
+    sock = bind("127.0.0.1", 0)
+    runner = ThreadedServer(app, sock, ConnectionLedger())
+    runner.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", judge_app.state.judge_server
+    finally:
+        runner.stop()
+        sock.close()
+
+
+def _until_ready(url: str) -> httpx.Response:
+    deadline = time.monotonic() + 30
+    response = httpx.get(url)
+    while response.status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        response = httpx.get(url)
+    return response
+
+
+def test_the_app_mounted_in_a_starlette_app_serves_the_protocol_under_its_prefix(mounted: tuple[str, Any]) -> None:
+    base_url, _ = mounted
+
+    own = httpx.get(base_url + "/")
+    # Mounted, it gets no lifespan events: the first request starts the warm-up.
+    ready = _until_ready(base_url + "/judge/readyz")
+    judged = httpx.post(base_url + "/judge/v1/systemone", json=relevance_body(2), headers=keyed())
+    refused = httpx.post(base_url + "/judge/v1/systemone", json=relevance_body(2))
+    missing = httpx.get(base_url + "/judge/v1/nothing")
+
+    assert own.text == "the user's own route"
+    assert ready.json() == {"status": "ready", "model": "mounted"}
+    assert judged.json()["answers"]["item_1"] == {"type": "noul", "noul": 0.8}
+    assert refused.status_code == 401
+    assert (missing.status_code, missing.json()) == (404, {"error": "no route /v1/nothing"})
+
+
+def test_readiness_turns_503_while_draining(mounted: tuple[str, Any]) -> None:
+    base_url, judge_server = mounted
+    assert _until_ready(base_url + "/judge/readyz").status_code == 200
+
+    judge_server.drain(5.0)
+    ready = httpx.get(base_url + "/judge/readyz")
+    health = httpx.get(base_url + "/judge/healthz")
+    late = httpx.post(base_url + "/judge/v1/systemone", json=relevance_body(), headers=keyed())
+
+    assert (ready.status_code, ready.json()["status"]) == (503, "draining")
+    assert health.status_code == 200  # alive, only not taking new work
+    assert (late.status_code, late.headers["retry-after"]) == (503, "1")

@@ -111,7 +111,7 @@ class JudgeServer:
             workers=settings.judge_workers,
             observe_batch=self.metrics.batch.observe,
         )
-        self.model = str(getattr(judge, "model", "local"))
+        self.model = str(getattr(judge, "model", type(judge).__name__))
         self.ready = settings.warm_up is None
         self.warm_up_error: str | None = None
         self.draining = False
@@ -130,7 +130,8 @@ class JudgeServer:
 
     async def _run_warm_up(self, request: SystemOneRequest) -> None:
         try:
-            await self.batcher.run_blocking(lambda: self.judge.system_one(request))
+            answered = await self.batcher.run_blocking(lambda: self.judge.system_one(request))
+            self.model = answered.model  # the name the judge answers with, also when it has no `model`
         except JevBadRequestError:
             pass  # the judge answered (it refuses this question): it is loaded and serving
         except Exception as error:  # the judge cannot answer: not ready, and /readyz says why

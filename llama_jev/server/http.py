@@ -206,6 +206,12 @@ class ThreadedServer:
             await asyncio.wait(tasks, timeout=_STOP_SECONDS)
         if self._on_stop is not None:
             await self._on_stop()
+        # What else the application left running (a mounted app's batcher): cancelled, not destroyed pending.
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        if others:
+            await asyncio.wait(others, timeout=_STOP_SECONDS)
 
     def stop(self) -> None:
         """Close the listening socket and every connection; requests still waiting get no response."""

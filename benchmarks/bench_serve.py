@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from llama_jev import RELEVANCE_QUESTION, JevClient
-from llama_jev.systemone import NoulQuestion, SystemOneRequest
+from llama_jev.systemone.wire import NoulQuestion, SystemOneRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_COMMIT = "15516fd9e7c87b79bd1ca6267939401b0670b8e7"  # main before the judge server (issue 26)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http
 import json
-from collections.abc import Mapping
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -141,8 +140,3 @@ def uniform_answers(request: SystemOneRequest) -> AnswerFunction:
         return 0.5
 
     return answer
-
-
-def header(headers: Mapping[str, str], name: str) -> str | None:
-    """A header's value by its lower-case name, ``None`` when absent."""
-    return headers.get(name)

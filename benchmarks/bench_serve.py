@@ -4,13 +4,14 @@
 
 "old" is ``python -m llama_jev.serve --judge local`` as of commit ``OLD_COMMIT`` (the test
 server's ``http.server`` loop), extracted with ``git archive`` into a temporary folder and run
-from there; "new" is this checkout's server (``create_app`` on uvicorn) with ``--max-in-flight 16
---queue 64``, so that no request of the table is refused. Both serve the same local judge on
-127.0.0.1; the client (httpx, asyncio) runs in this process. For 1- and 20-candidate requests at
-concurrency 1, 4, 16 and 64: requests/s, candidates/s, p50 and p95 latency. Every request has
-its own query ("distinct": merging cannot help); the "one query" rows send concurrent requests
-with the same query, as ``JevClient`` does when it splits one judgement, where the new server
-judges them together.
+from there (so this needs the git history); "new" is this checkout's server (``create_app`` on
+uvicorn) with ``--max-in-flight 16 --queue 64``, so that no request of the table is refused.
+Both serve the same local judge on 127.0.0.1 and run for the whole table; each cell is measured
+on one and then on the other (alternating which goes first). The client (httpx, asyncio) runs in
+this process. For 1- and 20-candidate requests at concurrency 1, 4, 16 and 64: requests/s,
+candidates/s, p50 and p95 latency. Every request has its own query ("distinct": merging cannot
+help); the "one query" rows send concurrent requests with the same query, as ``JevClient`` does
+when it splits one judgement, where the new server judges them together.
 
 The soak: 200 sessions, each one judgement of 5 candidates through ``JevClient`` (one client
 shared by all, 200 threads released at once), against the new server with ``--max-in-flight 2
@@ -144,15 +145,20 @@ def table(quick: bool) -> None:
     def requests_for(size: int, concurrency: int) -> int:
         return max(8, concurrency * 2) if size == 1 else concurrency + 4
 
-    results: dict[str, dict[tuple[int, int, bool], dict[str, float]]] = {}
-    for name, flags, tree in (("old", [], True), ("new", ["--max-in-flight", "16", "--queue", "64"], False)):
-        with contextlib.ExitStack() as stack:
-            path = stack.enter_context(contextlib.contextmanager(_old_tree)()) if tree else None
-            base_url, _ = stack.enter_context(server(flags, path))
-            results[name] = {
-                cell: asyncio.run(_cell(base_url, cell[1], cell[0], requests_for(cell[0], cell[1]), cell[2]))
-                for cell in cells
-            }
+    results: dict[str, dict[tuple[int, int, bool], dict[str, float]]] = {"old": {}, "new": {}}
+    with contextlib.ExitStack() as stack:
+        old_tree = stack.enter_context(contextlib.contextmanager(_old_tree)())
+        # Both servers run for the whole table, and each cell is measured on one, then at once on
+        # the other: a busy moment of the machine falls on both, not on one column.
+        urls = {
+            "old": stack.enter_context(server([], old_tree))[0],
+            "new": stack.enter_context(server(["--max-in-flight", "16", "--queue", "64"]))[0],
+        }
+        for index, cell in enumerate(cells):
+            order = ("old", "new") if index % 2 == 0 else ("new", "old")
+            for name in order:
+                count = requests_for(cell[0], cell[1])
+                results[name][cell] = asyncio.run(_cell(urls[name], cell[1], cell[0], count, cell[2]))
     print(
         "| candidates/request | concurrency | queries | old req/s | new req/s | old cand/s | new cand/s | "
         "ratio | old p50 s | new p50 s | old p95 s | new p95 s |"

@@ -345,6 +345,22 @@ def test_a_request_whose_client_left_is_not_judged() -> None:
         assert metric(server.base_url, "llama_jev_batch_candidates_count") == 1
 
 
+def test_readiness_is_503_until_the_judge_has_answered_its_warm_up() -> None:
+    # The slow judge takes 3 s for its warm-up question; the process serves (healthz) meanwhile.
+    with server_process(serve_slow(3.0), ready=False) as server:
+        health = httpx.get(server.base_url + "/healthz", timeout=10)
+        before = httpx.get(server.base_url + "/readyz", timeout=10)
+        deadline = time.monotonic() + 60
+        after = before
+        while after.status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            after = httpx.get(server.base_url + "/readyz", timeout=10)
+
+    assert health.status_code == 200
+    assert (before.status_code, before.json()["status"]) == (503, "not ready")
+    assert (after.status_code, after.json()) == (200, {"status": "ready", "model": "slow-test"})
+
+
 # -- the drain -------------------------------------------------------------------------------------
 
 

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import httpx
 
-from llama_jev import RELEVANCE_QUESTION, JevClient
+from llama_jev import JevClient
+from llama_jev.engine import RELEVANCE_QUESTION
 from llama_jev.systemone.wire import NoulQuestion, SystemOneRequest
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -187,6 +187,8 @@ def _main() -> None:
         queue=args.queue,
         max_batch_tokens=args.max_batch_tokens,
         body_timeout=args.body_timeout,
+        # One call at a time: which requests wait together (and merge) is then deterministic.
+        judge_threads=1,
         on_request=lambda exchange: print(f"{exchange.method} {exchange.status}", flush=True),
     )
     sock = bind("127.0.0.1", args.port)

@@ -1,9 +1,10 @@
-"""The judge server: the System One protocol as an ASGI application (:func:`create_app`), which
+"""The judge server: the System One protocol as an ASGI application (``create_app``), which
 ``python -m llama_jev.serve`` runs on uvicorn and ``llama_jev.testing.SystemOneTestServer`` runs
-in a thread (extra ``serve``: starlette, uvicorn, prometheus-client)."""
+in a thread (extra ``serve``: starlette, uvicorn, prometheus-client).
 
-from llama_jev.server.app import JudgeServer, create_app
-from llama_jev.server.exchange import Exchange
-from llama_jev.server.uncertain import UncertainElsewhere
+Names are listed once, in ``__init__.pyi``, and load on first use.
+"""
 
-__all__ = ["Exchange", "JudgeServer", "UncertainElsewhere", "create_app"]
+from llama_jev._exports import attach
+
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

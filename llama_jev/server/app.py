@@ -80,7 +80,7 @@ class ServerSettings:
     max_candidates: int = MAX_CANDIDATES
     body_timeout: float = 30.0
     retry_after: int = 1
-    judge_workers: int = 1
+    judge_workers: int = 2
     warm_up: SystemOneRequest | None = _WARM_UP
     models: dict[str, Any] | None = None  # what GET /v1/models lists (default: the judge's model)
 
@@ -368,6 +368,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_timeout: float = 30.0,
     retry_after: int = 1,
+    judge_threads: int = 2,
     warm_up: bool = True,
     on_request: Callable[[Exchange], None] | None = None,
     _hooks: ServerHooks | None = None,
@@ -387,6 +388,8 @@ def create_app(
             request gets 429 with ``Retry-After: retry_after`` at once.
         max_batch_tokens: the candidates of concurrent requests with the same query are judged
             in one call of up to this many (estimated) tokens; 0 never merges.
+        judge_threads: calls of the judge at once (2: while one call is in the model, the next
+            one's text is tokenized; the local judge runs one forward pass at a time anyway).
         max_body_bytes: a larger body gets 413, judged by its Content-Length before it is read.
         body_timeout: seconds the whole body may take to arrive (then 408).
         warm_up: judge one relevance question at start-up; ``/readyz`` is 503 until it is answered.
@@ -407,6 +410,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         body_timeout=body_timeout,
         retry_after=retry_after,
+        judge_workers=judge_threads,
         warm_up=_WARM_UP if warm_up else None,
     )
     server = JudgeServer(judge, settings, hooks=_hooks, on_request=on_request)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -165,9 +166,17 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return from_env or None
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    print("llama_jev.serve: stopped before serving", flush=True)
+    raise SystemExit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGTERM or Ctrl-C, then drain; returns the exit status."""
     args = _parser().parse_args(argv)
+    # Stopped while the judge loads (before there is anything to drain): a clean exit, no traceback.
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _exit_cleanly)
     try:
         api_key = _api_key(args)
     except ValueError as error:

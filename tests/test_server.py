@@ -552,3 +552,30 @@ def test_readiness_turns_503_while_draining(mounted: tuple[str, Any]) -> None:
     assert (ready.status_code, ready.json()["status"]) == (503, "draining")
     assert health.status_code == 200  # alive, only not taking new work
     assert (late.status_code, late.headers["retry-after"]) == (503, "1")
+
+
+def test_jev_client_rides_out_the_back_pressure_with_no_failed_judgement() -> None:
+    from llama_jev import JevClient
+    from llama_jev.systemone.wire import SystemOneRequest
+
+    with server_process(serve_slow(0.2, "--max-in-flight", "1", "--queue", "0", "--max-batch-tokens", "0")) as server:
+        failures: list[BaseException] = []
+        with JevClient(base_url=server.base_url, timeout=30.0) as client:
+
+            def judge(index: int) -> None:
+                try:
+                    client.system_one(SystemOneRequest.model_validate(relevance_body(query=f"session {index}")))
+                except Exception as error:
+                    failures.append(error)
+
+            sessions = [threading.Thread(target=judge, args=(index,)) for index in range(6)]
+            for session in sessions:
+                session.start()
+            for session in sessions:
+                session.join(120)
+        refused = metric(server.base_url, 'llama_jev_requests_total{route="/v1/systemone",status="429"}')
+        answered = metric(server.base_url, 'llama_jev_requests_total{route="/v1/systemone",status="200"}')
+
+    assert failures == []
+    assert answered == 6
+    assert refused >= 1  # the server did push back

@@ -16,7 +16,9 @@ when it splits one judgement, where the new server judges them together.
 The soak: 200 sessions, each one judgement of 5 candidates through ``JevClient`` (one client
 shared by all, 200 threads released at once), against the new server with ``--max-in-flight 2
 --queue 2``: the server pushes back with 429 and ``Retry-After``, the client honours it. Target:
-0 failed judgements; the 429s are counted from the server's ``/metrics``.
+0 failed judgements; the 429s are counted from the server's ``/metrics``. Between the two, one
+line: the new server with its default admission (4 in flight, 16 waiting) under 64 clients, where
+the excess is refused at once instead of waiting behind the model.
 """
 
 from __future__ import annotations
@@ -174,6 +176,17 @@ def table(quick: bool) -> None:
         )
 
 
+def admission(concurrency: int) -> None:
+    """20-candidate requests at ``concurrency`` against the new server with its default admission."""
+    with server([]) as (base_url, _):
+        result = asyncio.run(_cell(base_url, concurrency, 20, concurrency + 4, False))
+    print(
+        f"new server, default --max-in-flight 4 --queue 16, {concurrency} clients of 20 candidates: "
+        f"{result['cps']:.0f} candidates/s answered, p50 {result['p50']:.2f} s, p95 {result['p95']:.2f} s of the "
+        f"answered, {int(result['429'])} of {concurrency + 4} requests refused at once with 429"
+    )
+
+
 def _metric(base_url: str, name: str) -> float:
     total = 0.0
     for line in httpx.get(base_url + "/metrics").text.splitlines():
@@ -233,6 +246,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=200)
     args = parser.parse_args()
     table(args.quick)
+    admission(16 if args.quick else 64)
     if not args.skip_soak:
         soak(args.sessions)
 

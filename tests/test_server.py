@@ -558,7 +558,9 @@ def test_jev_client_rides_out_the_back_pressure_with_no_failed_judgement() -> No
     from llama_jev import JevClient
     from llama_jev.systemone.wire import SystemOneRequest
 
-    with server_process(serve_slow(0.2, "--max-in-flight", "1", "--queue", "0", "--max-batch-tokens", "0")) as server:
+    # Room for 3 (1 judged, 2 waiting): the first wave of 6 is half refused, the client waits as
+    # told and sends the rest again.
+    with server_process(serve_slow(0.2, "--max-in-flight", "1", "--queue", "2", "--max-batch-tokens", "0")) as server:
         failures: list[BaseException] = []
         with JevClient(base_url=server.base_url, timeout=30.0) as client:
 

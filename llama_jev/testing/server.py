@@ -57,7 +57,7 @@ class SystemOneTestServer:
         api_key: when set, requests without ``Authorization: Bearer <api_key>`` get 401
             ``{"error": "invalid API key"}``.
         model: the ``model`` reported in every answer (with ``judge``: the judge's own).
-        latency: seconds every request waits before it is answered.
+        latency: seconds every System One request (`POST /v1/systemone`) waits before it is answered.
         judge: answer every valid request with this :class:`~llama_jev.Judge` instead of
             ``answer`` (``llama_jev.serve`` serves the offline judge this way). A
             :class:`~llama_jev.errors.JevBadRequestError` it raises is a 422, a timeout a 504, any other
@@ -260,13 +260,13 @@ class SystemOneTestServer:
             return list(self._faults)
 
     def set_latency(self, seconds: float) -> None:
-        """Make every request from now on wait ``seconds`` before it is answered."""
+        """Make every System One request from now on wait ``seconds`` before it is answered."""
         with self._lock:
             self._latency = _non_negative(seconds)
 
     @property
     def latency(self) -> float:
-        """Seconds every request waits before it is answered."""
+        """Seconds every System One request waits before it is answered."""
         with self._lock:
             return self._latency
 

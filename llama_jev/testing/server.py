@@ -57,7 +57,7 @@ class SystemOneTestServer:
         api_key: when set, requests without ``Authorization: Bearer <api_key>`` get 401
             ``{"error": "invalid API key"}``.
         model: the ``model`` reported in every answer (with ``judge``: the judge's own).
-        latency: seconds every System One request (`POST /v1/systemone`) waits before it is answered.
+        latency: seconds every System One request (``POST /v1/systemone``) waits before it is answered.
         judge: answer every valid request with this :class:`~llama_jev.Judge` instead of
             ``answer`` (``llama_jev.serve`` serves the offline judge this way). A
             :class:`~llama_jev.errors.JevBadRequestError` it raises is a 422, a timeout a 504, any other
@@ -77,7 +77,9 @@ class SystemOneTestServer:
             ``keep_requests=False``), in the thread that served it; ``llama_jev.serve`` prints its
             request log from it. What it raises is ignored: a log line never fails a request.
 
-    Routes: ``POST /v1/systemone``, ``GET /v1/models``; anything else gets a JSON 404 (or 405).
+    Routes: ``POST /v1/systemone``, ``GET /v1/models``, and the judge server's ``/healthz``,
+    ``/readyz`` and ``/metrics``; anything else gets a JSON 404 (or 405). Malformed JSON is a 400,
+    a body that is JSON but not a request a 422, as ``python -m llama_jev.serve`` answers.
     Faults (:meth:`inject`, :meth:`inject_always`) apply only to ``POST /v1/systemone``
     requests, so "the next two calls fail" means the next two judgements.
 

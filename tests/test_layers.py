@@ -26,7 +26,8 @@ LAYERS: dict[str, int] = {
     "review": 6,  # the final-draft review
     "calibration": 7,  # calibration and labelling
     "local": 8,  # the offline judge
-    "testing": 8,  # the System One test server, HashEmbedding
+    "server": 8,  # the judge server: the protocol as an ASGI app, run on uvicorn
+    "testing": 8,  # the System One test server (the judge server with faults), HashEmbedding
     # The command-line programs (python -m llama_jev.<name>) sit on top of everything they use.
     "calibrate.py": 9,
     "label_sheet.py": 9,

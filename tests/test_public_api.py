@@ -261,9 +261,8 @@ def test_no_production_module_imports_the_test_helpers() -> None:
     assert sorted(set(offenders)) == EXPECTED_TESTING_IMPORTERS
 
 
-# The offline judge's command serves through the test server's loop until the judge server
-# (llama_jev.server, issue 26) replaces it; then this list is empty.
-EXPECTED_TESTING_IMPORTERS = ["llama_jev/serve.py"]
+# llama_jev.serve runs llama_jev.server; the test server imports the server, never the reverse.
+EXPECTED_TESTING_IMPORTERS: list[str] = []
 
 
 def test_the_stores_old_adapters_tuple_still_resolves_with_a_warning() -> None:

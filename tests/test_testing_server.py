@@ -133,10 +133,11 @@ def test_empty_questions_get_422_with_fastapi_detail(system_one_server: SystemOn
     assert set(detail) == {"loc", "msg", "type"}
 
 
-def test_body_that_is_not_json_gets_422(system_one_server: SystemOneTestServer) -> None:
+def test_body_that_is_not_json_gets_400(system_one_server: SystemOneTestServer) -> None:
+    # DESIGN Part 4: malformed JSON is a 400 (a body that is JSON but not a request is a 422).
     response = _post(system_one_server.url, content=b"not json", headers={"Content-Type": "application/json"})
 
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert response.json()["detail"][0]["type"] == "json_invalid"
 
 

@@ -4,37 +4,21 @@ responses it builds from them (pure functions, no sockets)."""
 from __future__ import annotations
 
 import dataclasses
-import http
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from llama_jev.server.protocol import MODELS_PATH, SYSTEM_ONE_PATH, json_bytes, reason, uniform_answers
+from llama_jev.systemone.wire import SystemOneRequest
 
-from llama_jev.systemone.judge import AnswerFunction, ScriptedValue
-from llama_jev.systemone.wire import ChoiceQuestion, Instructions, ScoreQuestion, SystemOneRequest
+__all__ = ["MODELS_PATH", "SYSTEM_ONE_PATH", "Fault", "RecordedRequest"]
 
-SYSTEM_ONE_PATH = "/v1/systemone"
-MODELS_PATH = "/v1/models"
-
-_MODELS = {
-    "models": [
-        {
-            "name": "jev-latest",
-            "description": "The latest Jev System One model (as served by llama_jev.testing).",
-            "release_date": "2026-09-15",
-        }
-    ]
-}
-# Statuses the System One API uses that http.HTTPStatus does not know.
-_EXTRA_REASONS = {529: "Overloaded"}
-_JSON = "application/json"
 # A response cut off mid-object: what a proxy that drops the connection half-way delivers.
 _MALFORMED_BODY = b'{"model": "jev-test-1", "answers": {"item_0": {"type": "noul", "noul": 0.'
-_STOP_JOIN_SECONDS = 1.0
-# How often serve_forever checks for stop(): the bound on how long stop() waits for it.
-_POLL_SECONDS = 0.02
+# The default answers (0.5, uniform) are the server's "maximally uncertain": one rule in the package.
+_uniform_answers = uniform_answers
+_reason = reason
+_json_bytes = json_bytes
 
 FaultKind = Literal[
     "delay",
@@ -48,21 +32,6 @@ FaultKind = Literal[
     "probability",
 ]
 Header = tuple[str, str]
-
-
-def _reason(status: int) -> str:
-    if status in _EXTRA_REASONS:
-        return _EXTRA_REASONS[status]
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
-
-
-def _json_bytes(payload: object) -> bytes:
-    # allow_nan stays on on purpose: a NaN probability must reach the client as the literal
-    # token NaN, as a careless server would send it, so the client's validation is what stops it.
-    return json.dumps(payload, allow_nan=True).encode("utf-8")
 
 
 def _format_seconds(seconds: float) -> str:
@@ -247,48 +216,6 @@ class RecordedRequest:
     def text(self) -> str:
         """The body decoded as UTF-8 (undecodable bytes replaced)."""
         return self.body.decode("utf-8", errors="replace")
-
-
-@dataclass(frozen=True)
-class _Response:
-    status: int
-    body: bytes = b""
-    headers: tuple[Header, ...] = ()
-    error: str | None = None
-    drop: bool = False
-
-
-def _json_response(status: int, payload: object, *, error: str | None = None) -> _Response:
-    return _Response(status=status, body=_json_bytes(payload), error=error)
-
-
-def _uniform_answers(request: SystemOneRequest) -> AnswerFunction:
-    """The default answers: 0.5 for yes/no, uniform over options and levels otherwise."""
-
-    def answer(state: Instructions, question_id: str, instructions: Instructions | None) -> ScriptedValue:
-        question = request.questions[question_id]
-        if isinstance(question, ChoiceQuestion):
-            return {option: 1.0 / len(question.criteria) for option in question.criteria}
-        if isinstance(question, ScoreQuestion):
-            return [1.0 / len(question.criteria)] * len(question.criteria)
-        return 0.5
-
-    return answer
-
-
-def _known_fields(body: Any) -> Any:
-    # Unknown top-level fields (a client's trace id, a future option) are ignored, as TypeSafe does.
-    if isinstance(body, dict):
-        return {key: value for key, value in body.items() if key in SystemOneRequest.model_fields}
-    return body
-
-
-def _validation_detail(error: ValidationError) -> list[dict[str, Any]]:
-    # FastAPI's shape; "input" is left out so a 422 never echoes request text back.
-    return [
-        {"loc": ["body", *item["loc"]], "msg": item["msg"], "type": item["type"]}
-        for item in error.errors(include_url=False)
-    ]
 
 
 def _corrupt(answers: dict[str, Any], fault: Fault, request: SystemOneRequest) -> None:

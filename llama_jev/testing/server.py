@@ -3,8 +3,9 @@
 ``SystemOneTestServer`` speaks the ``POST /v1/systemone`` protocol over HTTP/1.1 on
 ``127.0.0.1`` (an ephemeral port), answers from a function, records every request and injects
 faults programmed per test: error statuses, dropped connections, slow answers, malformed or
-wrong answers. It uses only the standard library and the package's wire models, so importing it
-needs neither pytest nor a web framework.
+wrong answers. It is :func:`llama_jev.server.create_app`, the application ``python -m
+llama_jev.serve`` runs, served by uvicorn in a thread with the faults plugged in: the routes,
+validation and error bodies a test sees are the production server's (extra ``serve``).
 
 Example:
     >>> import httpx
@@ -20,39 +21,23 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import dataclasses
-import secrets
-import socket
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from pydantic import ValidationError
+from starlette.responses import Response
 
-from llama_jev.core.errors import JevBadRequestError, JevTimeoutError
+from llama_jev.server.app import ServerSettings, create_app
+from llama_jev.server.exchange import DropConnection, Exchange
+from llama_jev.server.http import ConnectionLedger, ThreadedServer, bind
+from llama_jev.server.protocol import JSON_TYPE, SYSTEM_ONE_PATH
 from llama_jev.systemone.judge import AnswerFunction, Judge, answer_request
-from llama_jev.systemone.wire import SystemOneRequest, SystemOneResult
-from llama_jev.testing.faults import (
-    _MODELS,
-    _POLL_SECONDS,
-    _STOP_JOIN_SECONDS,
-    MODELS_PATH,
-    SYSTEM_ONE_PATH,
-    Fault,
-    RecordedRequest,
-    _corrupt,
-    _json_response,
-    _known_fields,
-    _non_negative,
-    _Response,
-    _uniform_answers,
-    _validation_detail,
-)
-from llama_jev.testing.http import _NOT_JSON, _HTTPServer, _strings
+from llama_jev.systemone.wire import SystemOneRequest, SystemOneResult, Usage
+from llama_jev.testing.faults import Fault, RecordedRequest, _corrupt, _non_negative, _uniform_answers
 
 __all__ = ["Fault", "RecordedRequest", "SystemOneTestServer"]
 
@@ -72,7 +57,7 @@ class SystemOneTestServer:
         api_key: when set, requests without ``Authorization: Bearer <api_key>`` get 401
             ``{"error": "invalid API key"}``.
         model: the ``model`` reported in every answer (with ``judge``: the judge's own).
-        latency: seconds every request waits before it is answered.
+        latency: seconds every System One request (``POST /v1/systemone``) waits before it is answered.
         judge: answer every valid request with this :class:`~llama_jev.Judge` instead of
             ``answer`` (``llama_jev.serve`` serves the offline judge this way). A
             :class:`~llama_jev.errors.JevBadRequestError` it raises is a 422, a timeout a 504, any other
@@ -92,7 +77,9 @@ class SystemOneTestServer:
             ``keep_requests=False``), in the thread that served it; ``llama_jev.serve`` prints its
             request log from it. What it raises is ignored: a log line never fails a request.
 
-    Routes: ``POST /v1/systemone``, ``GET /v1/models``; anything else gets a JSON 404 (or 405).
+    Routes: ``POST /v1/systemone``, ``GET /v1/models``, and the judge server's ``/healthz``,
+    ``/readyz`` and ``/metrics``; anything else gets a JSON 404 (or 405). Malformed JSON is a 400,
+    a body that is JSON but not a request a 422, as ``python -m llama_jev.serve`` answers.
     Faults (:meth:`inject`, :meth:`inject_always`) apply only to ``POST /v1/systemone``
     requests, so "the next two calls fail" means the next two judgements.
 
@@ -155,11 +142,7 @@ class SystemOneTestServer:
         self._in_flight = 0
         self._max_in_flight = 0
         self._connections_opened = 0
-        self._connection_ordinals: dict[socket.socket, int] = {}
-        self._handler_threads: set[threading.Thread] = set()
-        self._httpd: _HTTPServer | None = None
-        self._serve_thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._runner: ThreadedServer | None = None
         self._port: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -170,19 +153,32 @@ class SystemOneTestServer:
         A no-op if running. A server stopped and started again gets a new ephemeral port.
         """
         with self._lock:
-            if self._httpd is not None:
+            if self._runner is not None:
                 return self
-            self._stopping = threading.Event()
-            httpd = _HTTPServer(self)
-            self._httpd = httpd
-            self._port = httpd.server_address[1]
-            self._serve_thread = threading.Thread(
-                target=httpd.serve_forever,
-                kwargs={"poll_interval": _POLL_SECONDS},
-                name=f"SystemOneTestServer:{self._port}",
-                daemon=True,
+            sock = bind(*self._address, backlog=128)
+            self._port = sock.getsockname()[1]
+            settings = ServerSettings(
+                api_key=self._api_key,
+                # Admission is the test server's own in_flight_limit (recorded as a fault, as before).
+                max_in_flight=1_000_000,
+                queue=0,
+                max_batch_tokens=0,
+                judge_workers=_JUDGE_THREADS,
+                warm_up=None,
+                models=_MODELS if self._judge is None else None,
             )
-            self._serve_thread.start()
+            app = create_app(_TestJudge(self), _hooks=_Hooks(self), _settings=settings)
+            # Not waiting for the answer threads: a test's blocked answer function must not hold up stop().
+            server = app.state.judge_server
+            runner = ThreadedServer(
+                app, sock, ConnectionLedger(on_open=self._accepted), on_stop=lambda: server.aclose(wait=False)
+            )
+            try:
+                runner.start()
+            except BaseException:
+                sock.close()
+                raise
+            self._runner = runner
         return self
 
     def stop(self) -> None:
@@ -193,25 +189,9 @@ class SystemOneTestServer:
         length of the slowest delay.
         """
         with self._lock:
-            httpd, serve_thread = self._httpd, self._serve_thread
-            self._httpd, self._serve_thread = None, None
-            if httpd is None:
-                return
-            self._stopping.set()
-        httpd.shutdown()  # returns once serve_forever has left its loop: no more accepts
-        httpd.server_close()
-        with self._lock:
-            connections = list(self._connection_ordinals)
-            threads = list(self._handler_threads)
-        for connection in connections:
-            # shutdown, not close: it wakes a handler thread blocked reading the next request
-            # on an idle keep-alive connection, and lets that thread close its own socket.
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + _STOP_JOIN_SECONDS
-        for thread in [serve_thread, *threads]:
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
+            runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.stop()
 
     def __enter__(self) -> SystemOneTestServer:
         return self.start()
@@ -228,7 +208,7 @@ class SystemOneTestServer:
     def running(self) -> bool:
         """Whether the server is accepting connections."""
         with self._lock:
-            return self._httpd is not None
+            return self._runner is not None
 
     @property
     def port(self) -> int:
@@ -282,13 +262,13 @@ class SystemOneTestServer:
             return list(self._faults)
 
     def set_latency(self, seconds: float) -> None:
-        """Make every request from now on wait ``seconds`` before it is answered."""
+        """Make every System One request from now on wait ``seconds`` before it is answered."""
         with self._lock:
             self._latency = _non_negative(seconds)
 
     @property
     def latency(self) -> float:
-        """Seconds every request waits before it is answered."""
+        """Seconds every System One request waits before it is answered."""
         with self._lock:
             return self._latency
 
@@ -373,29 +353,12 @@ class SystemOneTestServer:
         where = self.base_url if self._port is not None else "not started"
         return f"SystemOneTestServer({where}, model={self.model!r}, running={self.running})"
 
-    # -- used by the request handler -------------------------------------------------------
+    # -- used by the application's hooks ---------------------------------------------------
 
-    def _accepted(self, connection: socket.socket) -> None:
+    def _accepted(self) -> int:
         with self._lock:
             self._connections_opened += 1
-            self._connection_ordinals[connection] = self._connections_opened
-
-    def _closed(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._connection_ordinals.pop(connection, None)
-
-    def _connection_ordinal(self, connection: socket.socket) -> int:
-        with self._lock:
-            return self._connection_ordinals.get(connection, 0)
-
-    def _handler_started(self) -> threading.Event:
-        with self._lock:
-            self._handler_threads.add(threading.current_thread())
-            return self._stopping
-
-    def _handler_finished(self) -> None:
-        with self._lock:
-            self._handler_threads.discard(threading.current_thread())
+            return self._connections_opened
 
     def _begin(self, *, faultable: bool) -> tuple[Fault | None, float, bool]:
         """The fault and latency for a new request, and whether it is handled (counted in flight)."""
@@ -422,74 +385,113 @@ class SystemOneTestServer:
             with contextlib.suppress(Exception):
                 self._on_request(record)
 
-    def _route(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes, parsed: Any, fault: Fault | None
-    ) -> _Response:
-        if path not in (SYSTEM_ONE_PATH, MODELS_PATH):
-            return _json_response(404, {"error": f"no route {path}"}, error="unknown path")
-        allowed = "POST" if path == SYSTEM_ONE_PATH else "GET"
-        if method != allowed:
-            response = _json_response(405, {"error": f"use {allowed} {path}"}, error="wrong method")
-            return dataclasses.replace(response, headers=(("Allow", allowed),))
+
+_MODELS = {
+    "models": [
+        {
+            "name": "jev-latest",
+            "description": "The latest Jev System One model (as served by llama_jev.testing).",
+            "release_date": "2026-09-15",
+        }
+    ]
+}
+# Answer functions may block (a test's own sleep): they run in threads, many at once.
+_JUDGE_THREADS = 32
+
+
+class _TestJudge:
+    """The test server's answers as a Judge: its judge, else its answer function (or the uncertain default)."""
+
+    def __init__(self, owner: SystemOneTestServer) -> None:
+        self._owner = owner
+
+    @property
+    def model(self) -> str:
+        judge = self._owner._judge
+        return str(getattr(judge, "model", self._owner.model)) if judge is not None else self._owner.model
+
+    def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        owner = self._owner
+        if owner._judge is not None:
+            return owner._judge.system_one(request)
+        with owner._lock:
+            answer = owner._answer
+        result = answer_request(request, answer or _uniform_answers(request), model=owner.model)
+        return SystemOneResult(model=result.model, answers=result.answers, usage=Usage(input_tokens=0, output_tokens=0))
+
+    async def asystem_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        return await asyncio.to_thread(self.system_one, request, timeout=timeout)
+
+
+class _Hooks:
+    """Faults, latency and the request log, plugged into the production application."""
+
+    reads_body_first = True  # a test asserts on every body, also of requests a fault answers
+
+    def __init__(self, owner: SystemOneTestServer) -> None:
+        self._owner = owner
+
+    def request_started(self, exchange: Exchange) -> Response | None:
+        faultable = exchange.method == "POST" and exchange.path.split("?")[0] == SYSTEM_ONE_PATH
+        fault, latency, counted = self._owner._begin(faultable=faultable)
+        exchange.fault, exchange.counted = fault, counted
+        exchange.extra["latency"] = latency
+        return None if counted else _fault_response(self._owner._over_limit)
+
+    async def before_answer(self, exchange: Exchange) -> Response | None:
+        fault: Fault | None = exchange.fault
+        wait = exchange.extra["latency"] + (fault.delay_seconds if fault is not None else 0.0)
+        if wait > 0:
+            await asyncio.sleep(wait)  # stop() cancels it: the request is abandoned
         if fault is not None and fault.kind in ("status", "respond", "malformed_json"):
-            return _Response(status=fault.status_code, body=fault.body, headers=fault.headers)
+            return _fault_response(fault)
         if fault is not None and fault.kind == "drop":
-            return _Response(status=0, drop=True)
-        if not self._authorized(headers.get("authorization", "")):
-            return _json_response(401, {"error": "invalid API key"}, error="missing or wrong API key")
-        if path == MODELS_PATH:
-            return _json_response(200, _MODELS if self._judge is None else self._judge_models())
-        return self._answer_body(body, parsed, fault)
+            return DropConnection()
+        return None
 
-    def _authorized(self, authorization: str) -> bool:
-        if self._api_key is None:
-            return True
-        scheme, _, token = authorization.partition(" ")
-        return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self._api_key.encode())
+    def answered(self, exchange: Exchange, payload: dict[str, Any], request: SystemOneRequest) -> None:
+        if self._owner._judge is None:
+            payload["usage"] = {"input_tokens": len(exchange.body) // 4, "output_tokens": 0}
+        if exchange.fault is not None:
+            _corrupt(payload["answers"], exchange.fault, request)
 
-    def _answer_body(self, body: bytes, parsed: Any, fault: Fault | None) -> _Response:
-        if parsed is _NOT_JSON:
-            return _json_response(
-                422,
-                {"detail": [{"loc": ["body"], "msg": "the body is not JSON", "type": "json_invalid"}]},
-                error="invalid JSON body",
-            )
-        try:
-            request = SystemOneRequest.model_validate(_known_fields(parsed))
-        except ValidationError as error:
-            return _json_response(422, {"detail": _validation_detail(error)}, error="invalid request body")
-        if self._judge is not None:
-            return self._judge_answer(request, fault)
-        with self._lock:
-            answer = self._answer
-        try:
-            result = answer_request(request, answer or _uniform_answers(request), model=self.model)
-        except Exception as error:  # any failure of the test's own function is the server's 500
-            message = f"the answer function failed: {type(error).__name__}: {error}"
-            return _json_response(500, {"error": message}, error=message)
-        payload = result.model_dump(mode="json")
-        payload["usage"] = {"input_tokens": len(body) // 4, "output_tokens": 0}
-        if fault is not None:
-            _corrupt(payload["answers"], fault, request)
-        return _json_response(200, payload)
+    def request_finished(self, exchange: Exchange) -> None:
+        self._owner._end(
+            RecordedRequest(
+                method=exchange.method,
+                path=exchange.path,
+                headers=exchange.headers,
+                body=exchange.body,
+                json=exchange.json,
+                started=exchange.started,
+                finished=exchange.finished,
+                fault=exchange.fault,
+                status=exchange.status,
+                error=exchange.error,
+                connection=exchange.connection,
+            ),
+            counted=exchange.counted,
+        )
 
-    def _judge_models(self) -> dict[str, Any]:
-        name = str(getattr(self._judge, "model", self.model))
-        return {"models": [{"name": name, "description": f"{type(self._judge).__name__} served by llama_jev"}]}
 
-    def _judge_answer(self, request: SystemOneRequest, fault: Fault | None) -> _Response:
-        assert self._judge is not None
-        try:
-            result: SystemOneResult = self._judge.system_one(request)
-        except JevBadRequestError as error:
-            detail = [{"loc": ["body", "questions"], "msg": str(error), "type": "value_error"}]
-            return _json_response(422, {"detail": detail}, error="the judge refused the request")
-        except JevTimeoutError:
-            return _json_response(504, {"error": "the judge timed out"}, error="judge timeout")
-        except Exception as error:  # any other failure of the judge is the server's 500
-            message = f"the judge failed: {type(error).__name__}"
-            return _json_response(500, {"error": message}, error=message)
-        payload = result.model_dump(mode="json")
-        if fault is not None:
-            _corrupt(payload["answers"], fault, request)
-        return _json_response(200, payload)
+def _fault_response(fault: Fault) -> Response:
+    names = {name.lower() for name, _ in fault.headers}
+    headers = dict(fault.headers)
+    if "content-type" not in names:
+        headers["Content-Type"] = JSON_TYPE
+    if "content-length" in names:
+        # A deliberately wrong length would desynchronise the next request on this connection.
+        headers["Connection"] = "close"
+    return Response(fault.body, status_code=fault.status_code, headers=headers)
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)

@@ -17,6 +17,8 @@ from llama_jev.calibration.labelling import LabellingSession, StalePageError, re
 
 from .browser import Browser, LabelServer, Page, answer, find_chromium, open_page
 
+pytestmark = pytest.mark.slow  # a headless browser
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = find_chromium()
 needs_chromium = pytest.mark.skipif(

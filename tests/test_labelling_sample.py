@@ -17,7 +17,6 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.schema import TextNode
 
 from llama_jev import (
-    RELEVANCE_QUESTION,
     CandidateSelector,
     DecisionRecord,
     ExecutionOptions,
@@ -29,7 +28,7 @@ from llama_jev import (
     runtime_context,
 )
 from llama_jev.calibration import GoldenQuery, LabelSampler, collect, read_samples, write_sample_sheet
-from llama_jev.engine.batching import Candidate
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 
 from .support import HashEmbedding, marked, marked_answer
 

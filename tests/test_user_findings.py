@@ -22,10 +22,10 @@ from llama_jev import (
     RetrievalInconclusiveError,
     RuntimeContext,
     ScriptedJudge,
-    calibrate,
     runtime_context,
 )
-from llama_jev.calibrate import main as calibrate_main
+from llama_jev.calibration import calibrate
+from llama_jev.calibration.cli import main as calibrate_main
 from llama_jev.calibration.samples import LabelSampler
 from llama_jev.label_sheet import main as label_sheet_main
 from llama_jev.testing import HashEmbedding

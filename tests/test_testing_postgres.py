@@ -107,6 +107,7 @@ def test_the_command_serves_until_stopped_and_keeps_its_data_folder(stop: signal
                 _, errors = server.communicate(timeout=60)
             assert server.returncode == 0, errors
             assert f"{stop.name}: stopping PostgreSQL" in errors
+            assert "Warning" not in errors  # e.g. runpy's, when the package imported the module first
             with socket.socket() as probe:  # the server is gone: its port is free again
                 assert probe.connect_ex(("127.0.0.1", port)) != 0
     finally:

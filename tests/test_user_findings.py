@@ -63,8 +63,8 @@ def test_the_red_box_and_the_chart_name_the_same_best_accept() -> None:
     assert named is not None, report.reason
     assert float(named[2]) == report.best_accept
     page = report.to_html()
-    marks = re.findall(r"best (\d\.\d+): ≥", page)
-    assert marks == [named[2]]  # the chart marks the accept the reason names, and only that one
+    marks = re.findall(r"best (\d\.\d+): ≥ (\d\.\d+)", page)
+    assert marks == [(named[2], named[1])]  # the chart marks the accept and bound the reason names, only those
     assert any(row.accept == report.best_accept for row in report.thresholds)
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
-from llama_jev.calibration.statistics import format_threshold
+from llama_jev.calibration.statistics import format_below, format_threshold
 
 if TYPE_CHECKING:
     from llama_jev.calibration.results import CalibrationFindings
@@ -189,7 +189,8 @@ def precision_svg(report: CalibrationFindings) -> str:
             best.accept,
             best.precision_lower,
             _INK,
-            f"best {format_threshold(best.accept)}: ≥ {_pct(best.precision_lower)}",
+            # the bound as the reason prints it: never rounded up onto the target it misses
+            f"best {format_threshold(best.accept)}: ≥ {format_below(best.precision_lower, target)}",
         )
     plot.legend(
         [

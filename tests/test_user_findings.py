@@ -68,6 +68,7 @@ def test_the_red_box_and_the_chart_name_the_same_best_accept() -> None:
     assert any(row.accept == report.best_accept for row in report.thresholds)
 
 
+@pytest.mark.slow  # runs the command in bash
 def test_the_run_again_and_label_commands_name_the_files_used_and_run_verbatim(tmp_path: Path) -> None:
     folder = tmp_path / "my calibration"
     folder.mkdir()

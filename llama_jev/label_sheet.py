@@ -33,6 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from llama_jev.calibration.analysis import MIN_LABELS, MIN_PER_CLASS
 from llama_jev.calibration.records import CalibrationInputError
 from llama_jev.calibration.sheet import write_label_sheet
 
@@ -124,6 +125,18 @@ def _from_samples(args: argparse.Namespace) -> int:
         return 2
     spread = ", ".join(f"{i / 10:.1f}-{(i + 1) / 10:.1f}: {n}" for i, n in enumerate(sheet.strata) if n)
     print(f"wrote {sheet.rows} pairs (of {sheet.available} sampled) to {sheet.path}; rows per band of p: {spread}")
+    if sheet.rows < MIN_LABELS:
+        # Not refused: several small sheets (other seeds) may go into one labels file.
+        more = (
+            f"write another sheet with --seed {args.seed + 1} into the same labels file"
+            if sheet.rows < sheet.available
+            else "the sample holds no more pairs: keep sampling a while longer"
+        )
+        print(
+            f"llama_jev.label_sheet: note: {sheet.rows} pairs is fewer than the {MIN_LABELS} labels calibrate needs "
+            f"(at least {MIN_PER_CLASS} relevant and {MIN_PER_CLASS} not); {more}",
+            file=sys.stderr,
+        )
     print(f"label them: python -m llama_jev.label {args.out} --out labels.jsonl")
     return 0
 

@@ -49,6 +49,7 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_jsonl(folder / "records.jsonl", records), write_jsonl(folder / "labels.jsonl", labels)
 
 
+@pytest.mark.slow
 def test_recommendation_exits_0_with_the_json_keys_and_writes_the_report(
     log: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -85,6 +86,7 @@ def test_same_seed_same_answer_other_seed_other_split(
     assert first["split"] != other["split"] or first["thresholds"] != other["thresholds"]
 
 
+@pytest.mark.slow
 def test_targets_not_met_exit_1_with_a_reason(log: tuple[Path, Path], tmp_path: Path) -> None:
     records, labels = log
     report = tmp_path / "report.html"
@@ -107,6 +109,7 @@ def test_human_output_without_json(log: tuple[Path, Path], capsys: pytest.Captur
     assert "held out: precision" in out
 
 
+@pytest.mark.slow
 def test_too_few_labels_exit_2(tmp_path: Path) -> None:
     records, labels = overconfident_log(5, seed=22)  # 40 labels
     result = run("--records", write_jsonl(tmp_path / "r.jsonl", records),
@@ -118,6 +121,7 @@ def test_too_few_labels_exit_2(tmp_path: Path) -> None:
     assert data["recommended"] is None
 
 
+@pytest.mark.slow
 def test_unreadable_jsonl_exit_2_naming_file_and_line(tmp_path: Path, log: tuple[Path, Path]) -> None:
     _, labels = log
     records = tmp_path / "broken.jsonl"

@@ -188,6 +188,7 @@ def test_sheet_rows_without_text_are_counted(tmp_path: Path) -> None:
     assert sheet.missing_text == sheet.rows == 4
 
 
+@pytest.mark.slow
 def test_label_sheet_cli_reads_a_persisted_index(tmp_path: Path) -> None:
     index = VectorStoreIndex(nodes(), embed_model=HashEmbedding())
     index.storage_context.persist(persist_dir=str(tmp_path / "storage"))

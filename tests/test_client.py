@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import time
 
 import pytest
 
@@ -270,19 +269,18 @@ def test_retry_after_beyond_the_cap_is_not_waited_for(jev_server: SystemOneTestS
 
 def test_call_timeout_covers_the_retry_wait(jev_server: SystemOneTestServer) -> None:
     jev_server.inject(Fault.rate_limited(retry_after=1.0))
-    started = time.monotonic()
-    with client_for(jev_server) as client, pytest.raises(JevTimeoutError, match="does not allow"):
+    # Gave up at the decision to wait (the message names the refused wait) instead of sleeping it.
+    with client_for(jev_server) as client, pytest.raises(JevTimeoutError, match=r"does not allow the 1\.00 s wait"):
         client.system_one(request(0.9), timeout=0.3)
-    assert time.monotonic() - started < 0.9  # gave up instead of sleeping the 1 s Retry-After
     assert jev_server.request_count == 1
 
 
 def test_call_timeout_covers_a_slow_answer(jev_server: SystemOneTestServer) -> None:
-    jev_server.inject(Fault.delay(1.0))
-    started = time.monotonic()
-    with client_for(jev_server, timeout=5.0) as client, pytest.raises(JevTimeoutError):
+    jev_server.inject(Fault.delay(30.0))
+    with client_for(jev_server, timeout=60.0) as client, pytest.raises(JevTimeoutError):
         client.system_one(request(0.9), timeout=0.3)
-    assert time.monotonic() - started < 0.9
+    # The server counts a request once it has answered it: the client gave up before the answer.
+    assert jev_server.request_count == 0
 
 
 def test_threads_share_one_connection_pool(jev_server: SystemOneTestServer) -> None:

@@ -22,7 +22,7 @@ from llama_jev.systemone import ChoiceQuestion, NoulQuestion, ScoreQuestion, Sys
 from llama_jev.testing import SystemOneTestServer
 
 JEVCOMPAT = shutil.which("jevcompat", path=str(Path(sys.executable).parent)) or shutil.which("jevcompat")
-pytestmark = pytest.mark.skipif(JEVCOMPAT is None, reason="jevcompat is part of the test extra")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(JEVCOMPAT is None, reason="jevcompat is part of the test extra")]
 
 REQUEST = SystemOneRequest(
     state="I was charged twice for order 1042 and want my money back.",

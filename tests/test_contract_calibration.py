@@ -92,6 +92,7 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_an_empty_records_file_exits_2_naming_the_file(log: tuple[Path, Path], tmp_path: Path) -> None:
     empty = tmp_path / "decisions.jsonl"
     empty.write_text("\n", encoding="utf-8")

@@ -22,6 +22,8 @@ from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 from llama_jev.local import LocalRelevanceJudge
 from llama_jev.testing import SystemOneTestServer
 
+pytestmark = pytest.mark.slow  # the local model
+
 pytest.importorskip("onnxruntime")
 
 SHIPPING_QUERY = "How long does shipping to Canada take?"

@@ -194,6 +194,7 @@ def test_enforce_with_an_overloaded_judge_says_http_529_and_that_retrying_may_he
     assert "Retrying later may help" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_local_judge_asked_a_question_it_cannot_answer_is_a_configuration_error_not_retryable() -> None:
     judge = LocalRelevanceJudge()
     retriever = JevRetriever(

@@ -21,6 +21,8 @@ from llama_jev import ScriptedJudge
 
 from .support import HashEmbedding
 
+pytestmark = pytest.mark.slow  # runs the example
+
 GOLDEN = {query: relevant for query, relevant in example.load_golden()}
 BY_TEXT = {document.text: document for document in kb.DOCUMENTS}
 

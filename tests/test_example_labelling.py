@@ -23,6 +23,8 @@ from .browser import Browser, LabelServer, find_chromium, label_in_browser
 from .support import HashEmbedding
 from .test_example_calibration import GOLDEN, careful_answer
 
+pytestmark = pytest.mark.slow  # runs the example
+
 CHROMIUM = find_chromium()
 BY_TEXT = {document.text: document for document in kb.DOCUMENTS}
 

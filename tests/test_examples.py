@@ -39,6 +39,8 @@ from llama_jev.testing import SystemOneTestServer
 
 from .support import HashEmbedding
 
+pytestmark = pytest.mark.slow  # runs the example
+
 REPO = Path(__file__).resolve().parents[1]
 ALL_MODES = (Mode.OFF, Mode.SHADOW, Mode.ENFORCE)
 ALICE, SAM, GRACE = (kb.USER_BY_NAME[name] for name in ("alice", "sam", "grace"))
@@ -500,8 +502,10 @@ def test_the_agent_example_runs_offline(tmp_path: Path, monkeypatch: pytest.Monk
     output = capsys.readouterr().out
     assert "Tool call : search_knowledge({'query': 'What are the refund conditions?'})" in output
     assert "Retrieval ran as: alice" in output
-    # The keyword fallback selects the policy; the local relevance model is uncertain about it.
-    assert "Refunds are available for unused items" in output or "no passage was clearly relevant" in output
+    # The local relevance model keeps the policy (deterministic: fixed weights, fp32 on any x86-64).
+    assert "conditions?'}) -> ['acme/refund-policy']" in output
+    assert "Refunds are available for unused items" in output
+    assert "no passage was clearly relevant" not in output
     assert "store credit" not in output
     # The final-draft review: the promise is revised and passes, then the stubborn case is withheld.
     revised, withheld = output.split("=== final-draft review, ENFORCE: ")[1:]

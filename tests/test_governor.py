@@ -229,7 +229,7 @@ def test_a_request_queued_before_a_pause_goes_when_the_pause_ends_not_at_its_dea
     admitted: list[float] = []
 
     def queued() -> None:
-        permit = governor.acquire(timeout=5.0)
+        permit = governor.acquire(timeout=60.0)  # at its deadline it would fail, not be admitted
         admitted.append(permit.waited)
         governor.release(permit, status=200)
 
@@ -240,29 +240,28 @@ def test_a_request_queued_before_a_pause_goes_when_the_pause_ends_not_at_its_dea
     assert governor.stats.queued == 1
     thread.join()
     (waited,) = admitted
-    assert waited >= 0.25  # it sat out the pause
-    assert waited < 4.0  # and went when the pause ended, not when its 5 s deadline came
+    assert waited >= 0.25  # it sat out the pause, and was admitted: it went when the pause ended
 
 
 def test_a_pause_ending_after_a_queued_deadline_fails_it_at_once() -> None:
-    governor = Governor(max_limit=1)
+    governor = Governor(max_limit=1, max_pause=300.0)
     holder = governor.acquire(timeout=1.0)
     failures: list[BaseException] = []
 
     def queued() -> None:
         try:
-            governor.acquire(timeout=3.0)
+            governor.acquire(timeout=60.0)
         except JevTimeoutError as error:
             failures.append(error)
 
     thread = threading.Thread(target=queued)
     thread.start()
     assert eventually(lambda: governor.stats.queued == 1)
-    governor.release(holder, status=529, retry_after=10.0)
-    thread.join()
+    governor.release(holder, status=529, retry_after=300.0)
+    thread.join(30.0)
+    assert not thread.is_alive()  # failed when the pause began, not at its 60 s deadline
     assert len(failures) == 1
     assert "Retry-After" in str(failures[0])
-    assert governor.stats.max_queue_wait_seconds < 2.5  # gave up when the pause began, not at 3 s
 
 
 # --- the budget -----------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from llama_jev.calibration.labelling import LabellingSession, StalePageError, re
 
 from .browser import Browser, LabelServer, Page, answer, find_chromium, open_page
 
+pytestmark = pytest.mark.slow  # a headless browser
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = find_chromium()
 needs_chromium = pytest.mark.skipif(
@@ -95,7 +97,9 @@ def test_a_person_labels_with_keys_survives_a_killed_server_and_resumes(browser:
         text = page.text()
         assert "All pairs labelled" in text
         command = page.evaluate("document.getElementById('next').textContent").replace("\\\n    ", "")
-        assert command == f"python -m llama_jev.calibrate --records decisions.jsonl --labels {out} --report report.html"
+        # no --records given: a placeholder in capitals, and the page says what it stands for
+        assert command == f"python -m llama_jev.calibrate --records DECISIONS.jsonl --labels {out} --report report.html"
+        assert "start the labelling app with --records PATH" in page.text()
     finally:
         server.stop()
 
@@ -198,3 +202,34 @@ def test_the_server_answers_only_to_its_own_address(tmp_path: Path) -> None:
         server.server_close()
         session.close()
     assert server.server_address[0] == "127.0.0.1"
+
+
+@needs_chromium
+def test_on_a_phone_the_header_stays_one_line_and_the_keys_cover_nothing(browser: Browser, tmp_path: Path) -> None:
+    sheet = tmp_path / "sheet.csv"
+    with sheet.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["decision_id", "node_id", "question", "passage", "relevant"])
+        writer.writerow(["d1", "long", "What are the refund conditions for the winter sale?", "Unused. " * 300, ""])
+    records = tmp_path / "my log" / "decisions 2024.jsonl"
+    page = browser.page(width=390, height=844)
+    server = LabelServer(sheet, tmp_path / "labels.jsonl", "ana-with-a-long-name", "--records", str(records))
+    try:
+        open_page(page, server.url)
+        page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+        box = "document.querySelector({!r}).getBoundingClientRect()"
+        line = page.evaluate("parseFloat(getComputedStyle(document.querySelector('.count')).lineHeight)")
+        assert page.evaluate(box.format(".top") + ".height") < 1.5 * line  # one line: nothing wraps
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing runs off the side
+        # scrolled to the end, the question under the passage sits above the keys, not under them
+        ask_bottom = page.evaluate(box.format("#pair .ask") + ".bottom")
+        keys_top = page.evaluate(box.format("footer") + ".top")
+        assert ask_bottom <= keys_top
+        assert keys_top < 844  # and the keys are on screen
+        answer(page, "y")
+        command = page.evaluate("document.getElementById('next').textContent").replace("\\\n    ", "")
+        assert f"--records '{records}'" in command  # the file given, quoted for the shell
+        assert page.evaluate("document.getElementById('records-note').hidden") is True
+        assert page.evaluate(box.format("#done pre") + ".right") <= 390
+    finally:
+        server.stop()

@@ -28,6 +28,7 @@ from llama_jev import (
     runtime_context,
 )
 from llama_jev.calibration import GoldenQuery, LabelSampler, collect, read_samples, write_sample_sheet
+from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 
 from .support import HashEmbedding, marked, marked_answer
 
@@ -70,6 +71,35 @@ def test_a_sampled_retrieval_keeps_the_query_and_only_what_the_caller_may_read(t
     assert {c["node_id"] for c in line["candidates"]} == {f"acme{i}" for i in range(10)}  # no globex0
     assert all(c["p"] == records[0].scores[c["node_id"]] for c in line["candidates"])
     assert "globex secret" not in samples.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["select", "aselect"])
+async def test_a_selector_called_directly_samples_too(tmp_path: Path, use_async: bool) -> None:
+    samples = tmp_path / "samples.jsonl"
+    records: list[DecisionRecord] = []
+    options = ExecutionOptions(
+        mode=Mode.SHADOW,
+        observer=lambda ctx, record: records.append(record),
+        label_sampler=LabelSampler(samples, rate=1.0),
+    )
+    selector = CandidateSelector(ScriptedJudge(marked_answer), options)
+    candidates = [Candidate("a", marked(0.9, "refunds within 14 days")), Candidate("b", marked(0.1, "opening hours"))]
+    if use_async:
+        await selector.aselect("can I get a refund?", RELEVANCE_QUESTION, candidates, ctx=ACME)
+    else:
+        selector.select("can I get a refund?", RELEVANCE_QUESTION, candidates, ctx=ACME)
+    (line,) = [json.loads(text) for text in samples.read_text(encoding="utf-8").splitlines()]
+    assert line["decision_id"] == records[0].decision_id
+    assert line["query"] == "can I get a refund?"
+    assert [(c["node_id"], c["p"]) for c in line["candidates"]] == [("a", 0.9), ("b", 0.1)]
+
+
+def test_a_retrieval_is_sampled_once(tmp_path: Path) -> None:
+    sampler = LabelSampler(tmp_path / "samples.jsonl", rate=1.0)
+    with runtime_context(ACME):
+        retriever(ExecutionOptions(mode=Mode.SHADOW, label_sampler=sampler)).retrieve("refunds")
+    assert sampler.written == 1
+    assert len((tmp_path / "samples.jsonl").read_text(encoding="utf-8").splitlines()) == 1
 
 
 def test_the_rate_samples_a_share_of_retrievals(tmp_path: Path) -> None:
@@ -154,6 +184,7 @@ def test_the_sheet_is_blind_shuffled_and_covers_the_middle_band(tmp_path: Path) 
     assert again.strata == sheet.strata
 
 
+@pytest.mark.slow
 def test_label_sheet_cli_from_samples(tmp_path: Path) -> None:
     samples = _samples(tmp_path / "samples.jsonl")
     result = subprocess.run(

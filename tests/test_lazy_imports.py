@@ -13,6 +13,8 @@ import llama_jev
 
 from .api_support import public_namespaces
 
+pytestmark = pytest.mark.slow  # a Python subprocess per check
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

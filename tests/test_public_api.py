@@ -141,6 +141,7 @@ def test_a_moved_name_still_imports_from_the_top_level_with_a_warning_naming_its
     assert caught[0].filename == __file__  # the warning points at the caller's line
 
 
+@pytest.mark.slow  # a Python subprocess
 def test_the_old_top_level_calibrate_is_still_the_function_with_a_warning() -> None:
     code = (
         "import warnings; warnings.simplefilter('error')\n"
@@ -228,6 +229,7 @@ def test_no_module_is_also_a_callable() -> None:
         assert "__class__ = " not in path.read_text(encoding="utf-8"), f"{path} swaps a module's class"
 
 
+@pytest.mark.slow  # a Python subprocess
 def test_the_calibration_command_and_the_function_have_different_homes() -> None:
     result = subprocess.run(
         [

@@ -117,6 +117,7 @@ def _run_bash(block: Block, cwd: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # runs the example, PostgreSQL and subprocesses
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_page_blocks_run_and_print_what_they_say(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for variable in _SERVICE_VARIABLES:

@@ -31,6 +31,8 @@ from llama_jev.testing.postgres import PostgresServer
 
 from .postgres_support import ACLS, FULL_ACL, acl_nodes, callers, store_kwargs
 
+pytestmark = pytest.mark.slow  # PostgreSQL
+
 NODES = 300
 CALLERS = callers(120)
 OWN_FILTER = MetadataFilters(filters=[MetadataFilter(key="topic", operator=FilterOperator.EQ, value="refund")])

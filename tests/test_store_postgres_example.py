@@ -14,6 +14,8 @@ from llama_jev.testing.postgres import PostgresServer
 
 from .test_examples import ALICE, COMPENSATION, REPO, SAM, _offline_environment, _section
 
+pytestmark = pytest.mark.slow  # runs the example
+
 
 def test_database_url_switches_the_example_to_postgres() -> None:
     assert postgres.database_url({}) is None
@@ -43,8 +45,10 @@ def test_python_m_examples_refund_policy_runs_on_postgres(postgres_server: Postg
     assert COMPENSATION.text[:40] not in alice
     assert "Globex" not in alice
     assert "store credit" in _section(first.stdout, SAM)
-    # Pushed down: the retriever did not warn that it post-filters only.
+    # Pushed down: the retriever did not warn that it post-filters only, and the example names the store.
     assert "AclPGVectorStore" not in first.stderr
+    assert "pushed down into PostgreSQL, so these never leave" in alice.replace("\n  ", " ")
+    assert "pushed down into Qdrant" not in first.stdout
 
     # The query step alone reopens the table the first run wrote.
     query = [sys.executable, "-m", "examples.refund_policy.query", "--user", "alice"]

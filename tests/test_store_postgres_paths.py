@@ -41,6 +41,8 @@ from .postgres_support import FULL_ACL, HOSTILE, TOPICS, acl_nodes, callers, sto
 from .support import HashEmbedding
 from .test_integration_llamaindex import EventCollector
 
+pytestmark = pytest.mark.slow  # PostgreSQL
+
 NODES = 120
 DIMENSIONS = 8
 QUERY = "refund policy"

@@ -188,11 +188,14 @@ def user_heading(user: kb.User) -> str:
     return f"=== user: {user.name} ({user.who}; tenant {user.context.tenant_id}) ==="
 
 
-def render_acl(user: kb.User, *, prefilter: bool = True) -> str:
-    """What the ACL removes for ``user``: counts and document keys with node ids, never text."""
+def render_acl(user: kb.User, *, prefilter: bool = True, store: str = "Qdrant") -> str:
+    """What the ACL removes for ``user``: counts and document keys with node ids, never text.
+
+    ``store`` names the vector store the filter was pushed down into.
+    """
     removed = [document for document in kb.DOCUMENTS if document.key not in kb.readable_by(user)]
     where = (
-        "pushed down into Qdrant, so these never leave the store (the records count only what it returned)"
+        f"pushed down into {store}, so these never leave the store (the records count only what it returned)"
         if prefilter
         else "removed after retrieval (the records count them as denied)"
     )
@@ -408,7 +411,7 @@ def _run_on_postgres(
         print(f"Reopened {rows} rows in {time.perf_counter() - started:.2f} s (nothing re-embedded)")
         for user in users:
             print(f"\n{user_heading(user)}")
-            print(render_acl(user))
+            print(render_acl(user, store="PostgreSQL"))
             for mode in (Mode.SHADOW, Mode.ENFORCE):
                 print(render(ask(index, judge.component, user, mode, args.question)))
     print(f"\n{FOOTER}")

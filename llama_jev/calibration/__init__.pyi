@@ -24,6 +24,7 @@ from llama_jev.calibration.golden import (
 from llama_jev.calibration.golden import (
     collect as collect,
 )
+from llama_jev.calibration.html import CliFiles as CliFiles
 from llama_jev.calibration.join import Agreement as Agreement
 from llama_jev.calibration.labels import (
     Label as Label,

@@ -38,6 +38,7 @@ from llama_jev.calibration.statistics import (
     choose_thresholds,
     enforce_outcomes,
     expected_calibration_error,
+    format_below,
     format_threshold,
     reliability_table,
     split_by_group,
@@ -79,16 +80,6 @@ def _replay(scanned: ScannedRecords, reject: float, accept: float, rows: Sequenc
     )
 
 
-def _below(value: float, target: float) -> str:
-    """A share under ``target`` as text: rounded as every other figure (0.7636 reads 0.764, as in the
-    held-out line), but rounded down where rounding would reach the target (0.6999 never reads 0.700
-    next to a target of 0.7)."""
-    shown = round(value, 3)
-    if shown >= target:
-        shown = math.floor(value * 1000 + 1e-9) / 1000
-    return f"{shown:.3f}"
-
-
 def _misses(band: BandMetrics, target_precision: float, min_npv: float, reject: float, accept: float) -> list[str]:
     """What keeps a candidate from being proven on the held-out split (empty: proven)."""
     misses = []
@@ -98,14 +89,16 @@ def _misses(band: BandMetrics, target_precision: float, min_npv: float, reject: 
             f"(at least {MIN_HELD_OUT} are needed to prove the precision)"
         )
     elif band.precision is not None and band.precision < target_precision:
-        misses.append(f"held-out precision {_below(band.precision, target_precision)} < target {target_precision:g}")
+        misses.append(
+            f"held-out precision {format_below(band.precision, target_precision)} < target {target_precision:g}"
+        )
     if band.rejected < MIN_HELD_OUT:
         misses.append(
             f"only {band.rejected} held-out rejections at reject={format_threshold(reject)} "
             f"(at least {MIN_HELD_OUT} are needed to prove the NPV)"
         )
     elif band.npv is not None and band.npv < min_npv:
-        misses.append(f"held-out NPV {_below(band.npv, min_npv)} < target {min_npv:g}")
+        misses.append(f"held-out NPV {format_below(band.npv, min_npv)} < target {min_npv:g}")
     return misses
 
 
@@ -238,7 +231,8 @@ def _choose(choice: ThresholdChoice, split: _Split, target_precision: float, min
     if accept_row is None:
         best = choice.best
         best_text = (
-            f"; the best is {_below(best.precision_lower, target_precision)} at accept={format_threshold(best.accept)}"
+            f"; the best is {format_below(best.precision_lower, target_precision)} "
+            f"at accept={format_threshold(best.accept)}"
             if best
             else ""
         )
@@ -293,9 +287,7 @@ def _prove(
     misses = _misses(band, target_precision, min_npv, candidate.reject, candidate.accept)
     if not misses:
         return _Verdict(candidate=candidate, recommended=candidate, holdout=holdout_result)
-    labels_needed = _labels_needed(
-        band, coverage, len(pairs), len(held_out) / len(pairs) if pairs else split.holdout
-    )
+    labels_needed = _labels_needed(band, coverage, len(pairs), len(held_out) / len(pairs) if pairs else split.holdout)
     more = f"; about {labels_needed} more labels would give the held-out split enough" if labels_needed else ""
     reason = (
         f"unproven on the held-out split ({band.labels} labels the thresholds were not chosen on): "
@@ -319,6 +311,7 @@ def _report(
     pairs, calibration, held_out, everything = joined.pairs, split.calibration, split.held_out, split.everything
     # the sweeps are for reading (every 0.01); the chosen rows join them so each choice is a row
     accept_rows = _with_row(sweep_accept(calibration), choice.accept, lambda row: row.accept)
+    accept_rows = _with_row(accept_rows, choice.best, lambda row: row.accept)
     reject_rows = _with_row(sweep_reject(calibration), choice.reject, lambda row: row.reject)
     mapping = fit_platt([p for p, _ in calibration], [y for _, y in calibration]) if _both(calibration) else None
     mapping_holdout: dict[str, float] = {}
@@ -341,6 +334,7 @@ def _report(
         candidate=candidate,
         reason=verdict.reason,
         labels_needed=verdict.labels_needed,
+        best_accept=choice.best.accept if choice.best is not None else None,
         targets={"precision": target_precision, "npv": min_npv},
         holdout=verdict.holdout,
         ece=expected_calibration_error(everything),

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
-from llama_jev.calibration.statistics import format_threshold
+from llama_jev.calibration.statistics import format_below, format_threshold
 
 if TYPE_CHECKING:
     from llama_jev.calibration.results import CalibrationFindings
@@ -183,13 +183,14 @@ def precision_svg(report: CalibrationFindings) -> str:
             _INK,
             f"{word} {format_threshold(row.accept)}: ≥ {_pct(row.precision_lower)}",
         )
-    elif rows:
-        best = max(rows, key=lambda r: r.precision_lower)
+    elif (best := next((row for row in rows if row.accept == report.best_accept), None)) is not None:
+        # the row the reason names (an observed p), not another threshold that selects the same pairs
         plot.point(
             best.accept,
             best.precision_lower,
             _INK,
-            f"best {format_threshold(best.accept)}: ≥ {_pct(best.precision_lower)}",
+            # the bound as the reason prints it: never rounded up onto the target it misses
+            f"best {format_threshold(best.accept)}: ≥ {format_below(best.precision_lower, target)}",
         )
     plot.legend(
         [

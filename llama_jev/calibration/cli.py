@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llama_jev.calibration.analysis import calibrate
+from llama_jev.calibration.html import CliFiles
 from llama_jev.calibration.records import CalibrationInputError, InsufficientLabelsError
 from llama_jev.calibration.report import CalibrationReport
 from llama_jev.calibration.statistics import format_threshold
@@ -175,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INPUT
     if args.report:
         try:
-            report.write_html(args.report, cli=True)
+            files = CliFiles(args.records, args.labels, args.report, purpose=args.purpose, version=args.version)
+            report.write_html(args.report, cli=True, files=files)
         except OSError as error:
             message = f"cannot write the report {args.report}: {error.strerror}"
             print(f"llama_jev.calibrate: {message}", file=sys.stderr)

@@ -8,7 +8,9 @@ then the evidence.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING
 
@@ -18,7 +20,19 @@ from llama_jev.calibration.statistics import format_threshold
 if TYPE_CHECKING:
     from llama_jev.calibration.results import CalibrationFindings, EnforceReplay
 
-__all__ = ["render_report"]
+__all__ = ["CliFiles", "render_report"]
+
+
+@dataclass(frozen=True)
+class CliFiles:
+    """The files a ``python -m llama_jev.calibrate`` run read and wrote: the report's commands name them."""
+
+    records: str
+    labels: str
+    report: str | None = None
+    purpose: str | None = None
+    version: str | None = None
+
 
 _STYLE = """
 body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d2430;
@@ -157,7 +171,8 @@ def _data_section(report: CalibrationFindings) -> str:
     if report.labels_on_error_records:
         items.append(f"{report.labels_on_error_records} labels point at ERROR records and were not used.")
     if report.unlabelled:
-        items.append(f"{report.unlabelled} sheet rows had no relevant value yet.")
+        rows = "1 sheet row has" if report.unlabelled == 1 else f"{report.unlabelled} sheet rows have"
+        items.append(f"{rows} no relevant value (left blank or skipped): not used.")
     if report.duplicate_labels:
         items.append(f"{report.duplicate_labels} agreeing duplicate labels counted once.")
     return "<h2>The data</h2><ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>"
@@ -201,7 +216,36 @@ def _verdict(report: CalibrationFindings) -> str:
     )
 
 
-def _next_steps(report: CalibrationFindings, *, cli: bool) -> str:
+def _calibrate_command(report: CalibrationFindings, files: CliFiles | None) -> str:
+    """The command that runs this calibration again, on the files this run read (a placeholder
+    in capitals where the report does not know them)."""
+    records, labels = (files.records, files.labels) if files else ("DECISIONS.jsonl", "LABELS.jsonl")
+    words = ["python", "-m", "llama_jev.calibrate", "--records", records, "--labels", labels]
+    words += ["--target-precision", f"{report.targets['precision']:g}", "--min-npv", f"{report.targets['npv']:g}"]
+    if not math.isclose(report.split.holdout_share, 0.3):
+        words += ["--holdout", f"{report.split.holdout_share:g}"]
+    if report.split.seed != 0:
+        words += ["--seed", str(report.split.seed)]
+    if files and files.purpose is not None:
+        words += ["--purpose", files.purpose]
+    if files and files.version is not None:
+        words += ["--version", files.version]
+    words += ["--report", files.report if files and files.report else "report.html"]
+    return shlex.join(words)
+
+
+def _label_commands(size: int | None, files: CliFiles | None) -> str:
+    """A new sheet from the labelling sample, labelled into the labels file this run read."""
+    labels = shlex.quote(files.labels) if files else "LABELS.jsonl"
+    return (
+        "python -m llama_jev.label_sheet --samples SAMPLES.jsonl --out more.csv \\\n"
+        f"    {'' if size is None else f'--size {size} '}--seed 1"
+        "   # SAMPLES.jsonl: your LabelSampler's file; another seed, other pairs\n"
+        f"python -m llama_jev.label more.csv --out {labels}   # the same labels file"
+    )
+
+
+def _next_steps(report: CalibrationFindings, *, cli: bool, files: CliFiles | None = None) -> str:
     """The "what to do next" box: the lines to paste, or how to get to a recommendation."""
     if report.recommended is not None:
         rec = report.recommended
@@ -221,14 +265,19 @@ def _next_steps(report: CalibrationFindings, *, cli: bool) -> str:
     else:
         items = ["Keep <code>mode=Mode.SHADOW</code>: nothing changes for your users while you gather evidence."]
         if report.labels_needed:
-            commands = (
-                "python -m llama_jev.label_sheet --samples samples.jsonl --out more.csv \\\n"
-                f"    --size {max(report.labels_needed, 50)} --seed 1   # another seed: other pairs\n"
-                "python -m llama_jev.label more.csv --out labels.jsonl   # the same labels file"
-            )
             items.append(
                 f"Label about <b>{report.labels_needed}</b> more pairs (keep SHADOW sampling a while longer if the "
-                f"sample holds few new questions):<pre>{escape(commands)}</pre>"
+                f"sample holds few new questions):<pre>{escape(_label_commands(max(report.labels_needed, 50), files))}"
+                "</pre>"
+            )
+        elif report.candidate is None:
+            items.append(
+                "No thresholds meet the targets even on the labels they are chosen from, so nothing was tested "
+                "on held-out data. Where the precision curve (below) runs above the target line but its band "
+                "reaches under it, more labels narrow the band; where the curve itself stays under the line, "
+                "lower the targets if your application tolerates it, or try a better-separating judge or a "
+                "fitted probability mapping (below), then label and calibrate again. To label more pairs:"
+                f"<pre>{escape(_label_commands(None, files))}</pre>"
             )
         else:
             items.append(
@@ -236,11 +285,7 @@ def _next_steps(report: CalibrationFindings, *, cli: bool) -> str:
                 "the targets if your application tolerates it, or try a better-separating judge or a fitted "
                 "probability mapping (below), then label and calibrate again."
             )
-        command = (
-            "python -m llama_jev.calibrate --records decisions.jsonl --labels labels.jsonl \\\n"
-            f"    --target-precision {report.targets['precision']:g} --min-npv {report.targets['npv']:g} "
-            "--report report.html"
-        )
+        command = _calibrate_command(report, files).replace(" --target-precision", " \\\n    --target-precision")
         items.append(
             f"Run calibration again:<pre>{escape(command)}</pre>" if cli else "Call <code>calibrate</code> again."
         )
@@ -333,8 +378,9 @@ def _mapping_section(report: CalibrationFindings, *, cli: bool) -> str:
     )
 
 
-def render_report(report: CalibrationFindings, *, cli: bool = False) -> str:
-    """The HTML page for ``report`` (``cli``: worded for the command line, not the Python API)."""
+def render_report(report: CalibrationFindings, *, cli: bool = False, files: CliFiles | None = None) -> str:
+    """The HTML page for ``report`` (``cli``: worded for the command line, not the Python API;
+    ``files``: the files the command read and wrote, named in the commands it suggests)."""
     sparse = any(0 < row.count < SPARSE_BIN for row in report.reliability)
     figures = (
         '<div class="grid">'
@@ -359,7 +405,7 @@ def render_report(report: CalibrationFindings, *, cli: bool = False) -> str:
         f'<p class="muted">Is this judge ready for ENFORCE? Thresholds are on the scale of the recorded p '
         f"(purpose {escape(report.log.purpose)}, version {escape(report.log.version)}).</p>"
         + _verdict(report)
-        + _next_steps(report, cli=cli)
+        + _next_steps(report, cli=cli, files=files)
         + _holdout_section(report)
         + _enforce_section(report)
         + "<h2>The evidence</h2>"

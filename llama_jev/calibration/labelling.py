@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -169,12 +170,15 @@ class LabellingSession:
             "labeller": self.labeller,
             "out": str(self.out),
             "next_command": self.next_command(),
+            "records_known": self.records is not None,
         }
 
     def next_command(self) -> str:
-        """The command to run once the sheet is done."""
-        records = self.records or "decisions.jsonl"
-        return f"python -m llama_jev.calibrate --records {records} --labels {self.out} --report report.html"
+        """The command to run once the sheet is done (``DECISIONS.jsonl`` stands for the decision log
+        when the session was not given ``records``)."""
+        records = str(self.records) if self.records is not None else "DECISIONS.jsonl"
+        words = ["python", "-m", "llama_jev.calibrate", "--records", records, "--labels", str(self.out)]
+        return shlex.join([*words, "--report", "report.html"])
 
     def answer(self, position: int, pair_id: str, relevant: bool | None) -> dict[str, Any]:
         """Record ``relevant`` (``None``: skipped) for the pair at ``position``, flushed to disk,

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llama_jev.calibration.html import render_report
+from llama_jev.calibration.html import CliFiles, render_report
 from llama_jev.calibration.results import (
     AcceptThreshold,
     AgreementSummary,
@@ -68,13 +68,14 @@ class CalibrationReport(CalibrationFindings):
         """The report as one JSON object (the CLI's ``--json`` output)."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def to_html(self, *, cli: bool = False) -> str:
+    def to_html(self, *, cli: bool = False, files: CliFiles | None = None) -> str:
         """One self-contained HTML page: inline SVG charts, no script, no network (``cli``: its
-        advice worded for the command line rather than for this Python object)."""
-        return render_report(self, cli=cli)
+        advice worded for the command line rather than for this Python object; ``files``: the
+        files the command read, named in the commands the page suggests)."""
+        return render_report(self, cli=cli, files=files)
 
-    def write_html(self, path: str | os.PathLike[str], *, cli: bool = False) -> Path:
+    def write_html(self, path: str | os.PathLike[str], *, cli: bool = False, files: CliFiles | None = None) -> Path:
         """Write :meth:`to_html` to ``path`` (UTF-8) and return the path."""
         target = Path(path)
-        target.write_text(self.to_html(cli=cli), encoding="utf-8")
+        target.write_text(self.to_html(cli=cli, files=files), encoding="utf-8")
         return target

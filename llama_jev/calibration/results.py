@@ -181,6 +181,9 @@ class CalibrationFindings(_Frozen):
     """Why ``recommended`` is ``None``: the targets missed, or the miss on the held-out split."""
     labels_needed: int | None = None
     """About how many more labels would let the held-out split prove the candidate."""
+    best_accept: float | None = None
+    """The observed p whose accept has the highest 95% lower bound on precision on the calibration
+    split (the lowest such p on a tie): what a missed target is measured against; a row of ``thresholds``."""
     targets: dict[str, float]
     holdout: HoldoutResult | None
     ece: float

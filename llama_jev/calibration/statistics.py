@@ -36,6 +36,7 @@ __all__ = [
     "cohen_kappa",
     "enforce_outcomes",
     "expected_calibration_error",
+    "format_below",
     "format_threshold",
     "observed_thresholds",
     "reliability_table",
@@ -271,6 +272,16 @@ def format_threshold(value: float) -> str:
         ('0.800', '0.653')
     """
     return f"{value:.3f}"
+
+
+def format_below(value: float, target: float) -> str:
+    """A share under ``target`` as text: rounded as every other figure (0.7636 reads 0.764, as in the
+    held-out line), but rounded down where rounding would reach the target (0.6999 never reads 0.700
+    next to a target of 0.7)."""
+    shown = round(value, 3)
+    if shown >= target:
+        shown = math.floor(value * 1000 + 1e-9) / 1000
+    return f"{shown:.3f}"
 
 
 def cohen_kappa(answers: Sequence[tuple[bool, bool]]) -> float:

@@ -131,7 +131,6 @@ class JudgedRetrieval:
             return _limit(authorized, limit)
         candidates = to_candidates(authorized)
         decision = self.selector.select(query, self.question, candidates, ctx=ctx, **self._counts(nodes, authorized))
-        self._sample(query, candidates, decision)
         return self._apply(authorized, decision, limit)
 
     async def arun(
@@ -145,7 +144,6 @@ class JudgedRetrieval:
         candidates = to_candidates(authorized)
         counts = self._counts(nodes, authorized)
         decision = await self.selector.aselect(query, self.question, candidates, ctx=ctx, **counts)
-        self._sample(query, candidates, decision)
         return self._apply(authorized, decision, limit)
 
     def identity(self, ctx: RuntimeContext | None) -> RuntimeContext:
@@ -174,17 +172,6 @@ class JudgedRetrieval:
                 store_checked=self.store_checked,
             )
         return authorized
-
-    def _sample(self, query: str, candidates: Sequence[Candidate], decision: Decision) -> None:
-        """Offer the judged retrieval to the opt-in label sampler (query and authorized text)."""
-        sampler = self.selector.options.label_sampler
-        if sampler is None or decision.record is None:
-            return
-        try:
-            sampler.offer(decision.record, query, [(candidate.id, candidate.text) for candidate in candidates])
-        except Exception:
-            # Like an observer: a sampling failure (a full disk) never changes what the user gets.
-            logger.exception("the label sampler raised; the retrieval stands")
 
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:
         if decision.record is not None:
@@ -221,7 +208,7 @@ class JudgedRetrieval:
         if decision.status is Status.INCONCLUSIVE:
             raise RetrievalInconclusiveError(
                 # The whole message reaches an agent's model as the tool error: say what to do too.
-                f"no passage was clearly relevant and {len(selection.uncertain)} were uncertain; this is "
+                f"no passage was clearly relevant and {_were_uncertain(len(selection.uncertain))}; this is "
                 "not an empty result, the knowledge base may hold the answer but the judge could not "
                 "confirm it, so do not answer from it. Retrying the same query is unlikely to help; a "
                 "more specific one may.",
@@ -340,3 +327,7 @@ def describe_failure(decision: Decision) -> JudgeFailure:
 
 def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:
     return nodes if limit is None else nodes[:limit]
+
+
+def _were_uncertain(count: int) -> str:
+    return "1 was uncertain" if count == 1 else f"{count} were uncertain"

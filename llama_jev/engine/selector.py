@@ -353,6 +353,19 @@ class CandidateSelector:
                 logger.exception("the decision observer raised; the decision stands")
         return decision
 
+    def _sample(self, state: Instructions, candidates: Sequence[Candidate], decision: Decision) -> Decision:
+        """Offer the judged candidates to the opt-in label sampler (the query and their text)."""
+        sampler = self.options.label_sampler
+        query = state.get("query") if isinstance(state, Mapping) else state
+        if sampler is None or decision.record is None or not isinstance(query, str):
+            return decision
+        try:
+            sampler.offer(decision.record, query, [(candidate.id, candidate.text) for candidate in candidates])
+        except Exception:
+            # Like an observer: a sampling failure (a full disk) never changes what the user gets.
+            logger.exception("the label sampler raised; the decision stands")
+        return decision
+
     # --- sync -----------------------------------------------------------------------------
 
     def select(
@@ -384,7 +397,7 @@ class CandidateSelector:
             scores, model = self._scores(plan, self._gather(plan, budget))
         except Exception as error:
             return self.observe(ctx, self._failed(plan, budget, error))
-        return self.observe(ctx, self._finish(plan, budget, scores, model))
+        return self._sample(state, candidates, self.observe(ctx, self._finish(plan, budget, scores, model)))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         # Batches run on the process's shared pool, even a single one, so the budget holds for a
@@ -440,7 +453,7 @@ class CandidateSelector:
             raise
         except Exception as error:
             return self.observe(ctx, self._failed(plan, budget, error))
-        return self.observe(ctx, self._finish(plan, budget, scores, model))
+        return self._sample(state, candidates, self.observe(ctx, self._finish(plan, budget, scores, model)))
 
     async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         limit = asyncio.Semaphore(self.max_concurrency)

@@ -163,7 +163,11 @@ def jev_retriever(server: SystemOneTestServer, mode: Mode, top_k: int = 3) -> Je
     index = VectorStoreIndex(corpus(), embed_model=HashEmbedding(dimensions=32))
     selector = CandidateSelector(client(server), ExecutionOptions(mode=mode))
     return JevRetriever(
-        index.as_retriever(similarity_top_k=8), selector, MetadataAcl(tenant_key="tenant"), candidate_limit=8, top_k=top_k
+        index.as_retriever(similarity_top_k=8),
+        selector,
+        MetadataAcl(tenant_key="tenant"),
+        candidate_limit=8,
+        top_k=top_k,
     )
 
 
@@ -242,7 +246,8 @@ async def test_the_reranker_span_sits_inside_the_retrievers_span(
 
     spans = {span.name: span for span in exporter.get_finished_spans()}
     judge, retrieve = spans["JevRetriever.judge"], spans["JevRetriever.retrieve"]
-    assert judge.parent is not None and judge.parent.span_id == retrieve.context.span_id
+    assert judge.parent is not None
+    assert judge.parent.span_id == retrieve.context.span_id
     assert kind(retrieve) == "RETRIEVER"
     # One span per retrieval for the wrapper, not one per overridden method.
     assert [span.name for span in exporter.get_finished_spans()].count("JevRetriever.retrieve") == 1
@@ -354,11 +359,11 @@ async def test_the_decision_event_stays_a_span_event_for_observability_otel(
 def test_a_decision_event_handler_without_span_handlers_still_gets_the_record(server: SystemOneTestServer) -> None:
     from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 
-    class Collect(BaseEventHandler):
-        seen: list[Any] = []
+    seen: list[Any] = []
 
+    class Collect(BaseEventHandler):
         def handle(self, event: Any, **kwargs: Any) -> None:
-            self.seen.append(event)
+            seen.append(event)
 
     collector = Collect()
     root = get_dispatcher()
@@ -368,9 +373,10 @@ def test_a_decision_event_handler_without_span_handlers_still_gets_the_record(se
             jev_retriever(server, Mode.ENFORCE).retrieve(SECRET_QUERY)
     finally:
         root.event_handlers.remove(collector)
-    names = [type(event).__name__ for event in collector.seen]
-    assert "JevDecisionEvent" in names and "ReRankStartEvent" in names and "ReRankEndEvent" in names
-    assert [event for event in collector.seen if isinstance(event, JevDecisionEvent)][0].record.status.value == "decided"
+    names = [type(event).__name__ for event in seen]
+    assert names.index("ReRankStartEvent") < names.index("JevDecisionEvent") < names.index("ReRankEndEvent")
+    decision = next(event for event in seen if isinstance(event, JevDecisionEvent))
+    assert decision.record.status.value == "decided"
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
@@ -413,7 +419,11 @@ def test_client_retries_and_429s_are_counted(server: SystemOneTestServer) -> Non
     assert (limited.get(429), limited.get(529, 0)) == (1, 0)
 
 
-def by_status(before: dict[str, list[tuple[dict[str, Any], float]]], after: dict[str, list[tuple[dict[str, Any], float]]], name: str) -> dict[Any, float]:
+def by_status(
+    before: dict[str, list[tuple[dict[str, Any], float]]],
+    after: dict[str, list[tuple[dict[str, Any], float]]],
+    name: str,
+) -> dict[Any, float]:
     """How much each ``http.response.status_code`` point of ``name`` grew between two readings."""
     grown: dict[Any, float] = {}
     for labels, value in after.get(name, []):

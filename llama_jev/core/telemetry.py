@@ -192,7 +192,12 @@ def observe_unjudged(mode: Mode, retrieved: int, denied: int, pushdown: bool) ->
 
 def _count_outcomes(mode: Mode, denied: int, selected: int, rejected: int, uncertain: int) -> None:
     assert _instruments is not None
-    for outcome, count in (("denied", denied), ("selected", selected), ("rejected", rejected), ("uncertain", uncertain)):
+    for outcome, count in (
+        ("denied", denied),
+        ("selected", selected),
+        ("rejected", rejected),
+        ("uncertain", uncertain),
+    ):
         if count:
             _instruments.candidates.add(count, _outcome_label(mode, outcome))
 

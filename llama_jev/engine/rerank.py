@@ -96,7 +96,9 @@ def judgement_span(
     span = JudgementSpan(events)
     if not spans:
         # Event handlers only: the events go to whatever span is already active.
-        span.event(ReRankStartEvent(query=query, nodes=list(candidates), top_n=top_n, model_name=judge_model_name(judge)))
+        span.event(
+            ReRankStartEvent(query=query, nodes=list(candidates), top_n=top_n, model_name=judge_model_name(judge))
+        )
         yield span
         return
     id_ = f"{component}.judge-{uuid.uuid4()}"
@@ -108,7 +110,9 @@ def judgement_span(
             id_=id_, bound_args=bound, instance=None, parent_id=parent, tags=active_instrument_tags.get()
         )
         try:
-            span.event(ReRankStartEvent(query=query, nodes=list(candidates), top_n=top_n, model_name=judge_model_name(judge)))
+            span.event(
+                ReRankStartEvent(query=query, nodes=list(candidates), top_n=top_n, model_name=judge_model_name(judge))
+            )
             yield span
         except BaseException as error:
             if events:

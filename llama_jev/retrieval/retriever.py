@@ -13,7 +13,8 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
-from llama_index_instrumentation import DISPATCHER_SPAN_DECORATED_ATTR, get_dispatcher
+from llama_index_instrumentation import get_dispatcher
+from llama_index_instrumentation.dispatcher import DISPATCHER_SPAN_DECORATED_ATTR
 
 from llama_jev import stores
 from llama_jev.acl.diagnostics import warn_keys_absent

@@ -35,7 +35,6 @@ from llama_jev import (
     CandidateSelector,
     ExecutionOptions,
     JevClient,
-    JevDecisionEvent,
     JevNodePostprocessor,
     JevRetriever,
     MetadataAcl,
@@ -46,6 +45,7 @@ from llama_jev import (
     runtime_context,
 )
 from llama_jev.core import telemetry
+from llama_jev.engine import JevDecisionEvent
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

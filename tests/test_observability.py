@@ -9,6 +9,7 @@ LlamaIndex instrumentor and llama-index-observability-otel's handlers, a real Ll
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -475,3 +476,21 @@ async def test_nothing_secret_in_any_span_event_or_metric(
     for secret in (SECRET_QUERY, "QUERY-PLANTED", SECRET_TEXT):
         assert secret not in ours
         assert secret not in metrics_json
+
+
+def test_without_the_opentelemetry_api_every_telemetry_call_is_a_no_op(
+    server: SystemOneTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if opentelemetry-api were not installed (None in sys.modules makes its import fail).
+    for name in ("opentelemetry", "opentelemetry.metrics", "opentelemetry.trace"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(telemetry, "_loaded", False)
+    monkeypatch.setattr(telemetry, "_instruments", None)
+
+    with runtime_context(CTX):
+        returned = jev_retriever(server, Mode.ENFORCE).retrieve(SECRET_QUERY)
+    telemetry.count_retry("JevServerError", 503)
+    telemetry.count_rate_limited(429)
+
+    assert [node.node.node_id for node in returned] == ["n0", "n1", "n2"]
+    assert telemetry._telemetry() is None

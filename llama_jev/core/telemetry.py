@@ -50,13 +50,6 @@ CLIENT_RATE_LIMITED = "llama_jev.client.rate_limited"
 OUTCOMES = ("denied", "selected", "rejected", "uncertain")
 """``denied``: removed by the ACL; the others: what the judge made of an authorized node."""
 
-try:
-    from opentelemetry import metrics as _metrics
-    from opentelemetry import trace as _trace
-except ImportError:  # pragma: no cover - exercised only without the optional package
-    _metrics = None  # type: ignore[assignment]
-    _trace = None  # type: ignore[assignment]
-
 
 DECISIONS_DESCRIPTION = "Judged retrievals (and OFF retrievals) by mode, status and reason."
 DURATION_DESCRIPTION = "Wall time of one relevance judgement, from planning to the decision."
@@ -69,7 +62,10 @@ class _Instruments:
     """The meter's instruments, made once. The API's proxies follow a provider set later."""
 
     def __init__(self) -> None:
-        meter = _metrics.get_meter(METER_NAME)
+        from opentelemetry import metrics, trace
+
+        self.current_span = trace.get_current_span
+        meter = metrics.get_meter(METER_NAME)
         self.decisions = meter.create_counter(DECISIONS, unit="{decision}", description=DECISIONS_DESCRIPTION)
         self.duration = meter.create_histogram(JUDGEMENT_DURATION, unit="s", description=DURATION_DESCRIPTION)
         self.candidates = meter.create_counter(CANDIDATES, unit="{node}", description=CANDIDATES_DESCRIPTION)
@@ -79,7 +75,22 @@ class _Instruments:
         )
 
 
-_instruments = _Instruments() if _metrics is not None else None
+_instruments: _Instruments | None = None
+_loaded = False
+
+
+def _telemetry() -> _Instruments | None:
+    """The instruments, or ``None`` without ``opentelemetry-api``. Imported on first use: the API
+    takes ~50 ms to import, which a program that never judges (a CLI) should not pay."""
+    global _instruments, _loaded
+    if not _loaded:
+        try:
+            _instruments = _Instruments()
+        except ImportError:
+            _instruments = None
+        _loaded = True
+    return _instruments
+
 
 # Attribute sets are few (modes x statuses x reasons); built once, they cost nothing per call.
 _decision_labels: dict[tuple[Mode, Status, Reason], Mapping[str, str]] = {}
@@ -155,13 +166,17 @@ def observe_decision(record: DecisionRecord, failure: Mapping[str, Any] | None =
     ``failure`` adds what a failed judgement can tell (``error_type``, ``status_code``,
     ``retryable``), written as ``llama_jev.error_type`` and so on.
     """
-    if _instruments is None:
+    instruments = _telemetry()
+    if instruments is None:
         return
     mode, status = record.mode, record.status
-    _instruments.decisions.add(1, _decision_label(mode, status, record.reason))
-    _instruments.duration.record(record.elapsed_ms / 1000.0, _duration_label(mode, status))
-    _count_outcomes(mode, record.denied or 0, len(record.selected), len(record.rejected), len(record.uncertain))
-    span = _trace.get_current_span()
+    instruments.decisions.add(1, _decision_label(mode, status, record.reason))
+    instruments.duration.record(record.elapsed_ms / 1000.0, _duration_label(mode, status))
+    counts = (record.denied or 0, len(record.selected), len(record.rejected), len(record.uncertain))
+    for outcome, count in zip(OUTCOMES, counts, strict=True):
+        if count:
+            instruments.candidates.add(count, _outcome_label(mode, outcome))
+    span = instruments.current_span()
     if span.is_recording():
         attributes = decision_attributes(record)
         if failure:
@@ -171,12 +186,13 @@ def observe_decision(record: DecisionRecord, failure: Mapping[str, Any] | None =
 
 def observe_unjudged(mode: Mode, retrieved: int, denied: int, pushdown: bool) -> None:
     """Count a retrieval nothing was judged for (mode ``OFF``) and describe it on the current span."""
-    if _instruments is None:
+    instruments = _telemetry()
+    if instruments is None:
         return
-    _instruments.decisions.add(1, _decision_label(mode, Status.SKIPPED, Reason.MODE_OFF))
+    instruments.decisions.add(1, _decision_label(mode, Status.SKIPPED, Reason.MODE_OFF))
     if denied:
-        _instruments.candidates.add(denied, _outcome_label(mode, "denied"))
-    span = _trace.get_current_span()
+        instruments.candidates.add(denied, _outcome_label(mode, "denied"))
+    span = instruments.current_span()
     if span.is_recording():
         span.set_attributes(
             {
@@ -190,25 +206,14 @@ def observe_unjudged(mode: Mode, retrieved: int, denied: int, pushdown: bool) ->
         )
 
 
-def _count_outcomes(mode: Mode, denied: int, selected: int, rejected: int, uncertain: int) -> None:
-    assert _instruments is not None
-    for outcome, count in (
-        ("denied", denied),
-        ("selected", selected),
-        ("rejected", rejected),
-        ("uncertain", uncertain),
-    ):
-        if count:
-            _instruments.candidates.add(count, _outcome_label(mode, outcome))
-
-
 _retry_labels: dict[tuple[str, int | None], Mapping[str, Any]] = {}
 _rate_limited_labels: dict[int, Mapping[str, Any]] = {}
 
 
 def count_retry(error_type: str, status_code: int | None) -> None:
     """One System One attempt failed retryably and will be tried again (``JevClient``)."""
-    if _instruments is None:
+    instruments = _telemetry()
+    if instruments is None:
         return
     key = (error_type, status_code)
     labels = _retry_labels.get(key)
@@ -217,14 +222,15 @@ def count_retry(error_type: str, status_code: int | None) -> None:
         if status_code is not None:
             labels["http.response.status_code"] = status_code
         _retry_labels[key] = labels
-    _instruments.retries.add(1, labels)
+    instruments.retries.add(1, labels)
 
 
 def count_rate_limited(status_code: int) -> None:
     """The server answered 429 or 529: the client was asked to slow down."""
-    if _instruments is None:
+    instruments = _telemetry()
+    if instruments is None:
         return
     labels = _rate_limited_labels.get(status_code)
     if labels is None:
         labels = _rate_limited_labels[status_code] = {"http.response.status_code": status_code}
-    _instruments.rate_limited.add(1, labels)
+    instruments.rate_limited.add(1, labels)

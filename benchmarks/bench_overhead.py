@@ -2,13 +2,27 @@
 """What the wrapper adds to a retrieval: Qdrant local mode, top-20 over 2,000 nodes.
 
     python benchmarks/bench_overhead.py [--nodes 2000] [--top-k 20] [--dimensions 384] [--sentences 8]
+    python benchmarks/bench_overhead.py --profile ENFORCE   # cProfile's top entries instead
 
 Times, interleaved in one run so machine noise hits every variant alike: the plain Qdrant
 retriever, ``JevRetriever`` in OFF (the ACL only) and in ENFORCE with a zero-latency judge
 (``ScriptedJudge``: no I/O, so what is left is the wrapper's own work: ACL, planning, checking,
-classifying, copying the nodes, the record). Prints the median and the 10th percentile of each,
-and the overhead as a percentage of the plain retrieval. The ACL is a ``MetadataAcl`` on the
+classifying, copying the nodes, the record, the telemetry). The ACL is a ``MetadataAcl`` on the
 tenant; every node belongs to the caller's tenant so all three variants return the same 20 nodes.
+
+Three settings, one after the other in the same run (a meter provider, once set, stays):
+``none`` (nobody listens: no tracer or meter provider, no LlamaIndex handler); ``exporter``
+(OpenTelemetry's SDK with an in-memory span exporter and metric reader, each call inside an app's
+span, as a web framework's instrumentation opens one: llama_jev's metrics are recorded and its
+attributes written); ``openinference`` (the same, and LlamaIndex traced by OpenInference's
+instrumentor as Phoenix users run it: every variant, the plain one too, exports its LlamaIndex
+spans with their documents). Each round times every variant once, in an order rotated per round;
+the overhead is the median over rounds of each round's ratio to the plain retrieval of the same
+round (a paired ratio), beside the ratio of the medians and the paired ratio's quartiles. Each
+call's process CPU time (every thread's, so the judge's pool thread too) is timed beside its wall
+time: on a machine whose cores are busy with other work, the wall time of a call that hands work
+to another thread includes waiting for the scheduler, its CPU time does not. The
+last two settings need the ``test`` extra (opentelemetry-sdk, openinference-instrumentation-llama-index).
 
 The corpus: 384-dimensional vectors (the size of all-MiniLM-L6-v2, the ``local`` extra's
 embedding; the toy ``HashEmbedding`` fills them) and passages of 8 sentences (~700 characters,
@@ -78,7 +92,13 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--dimensions", type=int, default=384, help="embedding size")
     parser.add_argument("--sentences", type=int, default=8, help="sentences per passage (~90 characters each)")
-    parser.add_argument("--repeat", type=int, default=300, help="timed rounds (each times every variant once)")
+    parser.add_argument("--repeat", type=int, default=300, help="timed rounds per setting (each times every variant)")
+    parser.add_argument(
+        "--settings",
+        default="none,exporter,openinference",
+        help="comma-separated, in order: none, exporter, openinference",
+    )
+    parser.add_argument("--profile", choices=["plain", "OFF", "ENFORCE"], help="profile one variant (setting none)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as folder:
@@ -107,36 +127,151 @@ def main() -> None:
             )
 
         off, enforce = wrapped(Mode.OFF), wrapped(Mode.ENFORCE)
-        variants: dict[str, Callable[[], object]] = {
-            "plain": lambda: plain.retrieve(QUERY),
-            "OFF": lambda: off.retrieve(QUERY),
-            "ENFORCE": lambda: enforce.retrieve(QUERY),
+        variants: dict[str, Callable[[], list[object]]] = {
+            "plain": lambda: plain.retrieve(QUERY),  # type: ignore[dict-item]
+            "OFF": lambda: off.retrieve(QUERY),  # type: ignore[dict-item]
+            "ENFORCE": lambda: enforce.retrieve(QUERY),  # type: ignore[dict-item]
         }
         with runtime_context(CTX):
-            counts = {name: len(run()) for name, run in variants.items()}  # type: ignore[arg-type]
-            for _ in range(20):  # warm-up
-                for run in variants.values():
-                    run()
-            samples: dict[str, list[float]] = {name: [] for name in variants}
-            for _ in range(args.repeat):
-                for name, run in variants.items():
-                    started = time.perf_counter()
-                    run()
-                    samples[name].append(time.perf_counter() - started)
+            if args.profile:
+                profile(variants[args.profile], args.repeat)
+                client.close()
+                return
+            results = {}
+            telemetry = None
+            for setting in args.settings.split(","):
+                if setting == "none":
+                    results[setting] = measure(variants, args.repeat, lambda: None)
+                    continue
+                telemetry = telemetry or listen()
+                if telemetry is None:
+                    print(f"setting {setting} skipped: install the test extra (opentelemetry-sdk, openinference)")
+                    continue
+                if setting == "openinference":
+                    telemetry.trace_llamaindex()
+                    results[setting] = measure(variants, args.repeat, telemetry.flush)
+                else:
+                    in_span = {name: telemetry.in_app_span(run) for name, run in variants.items()}
+                    results[setting] = measure(in_span, args.repeat, telemetry.flush)
         client.close()
 
     print(
         f"Qdrant local, {args.nodes} nodes ({args.dimensions}-d, {args.sentences} sentences each), "
-        f"top-{args.top_k}, {args.repeat} interleaved rounds"
+        f"top-{args.top_k}, {args.repeat} interleaved rounds per setting; load average before/after "
+        f"{LOAD_BEFORE} / {os.getloadavg()[0]:.2f}"
     )
-    print("median, and p10 (the fastest tenth: what is left when other processes do not interrupt)")
-    print(f"{'variant':>8} {'nodes':>5} {'median ms':>10} {'overhead':>9} {'p10 ms':>8} {'overhead':>9}")
-    base, base_fast = statistics.median(samples["plain"]), _p10(samples["plain"])
-    for name in variants:
-        median, fast = statistics.median(samples[name]), _p10(samples[name])
-        share = "" if name == "plain" else f"{(median - base) / base * 100:+.1f}%"
-        fast_share = "" if name == "plain" else f"{(fast - base_fast) / base_fast * 100:+.1f}%"
-        print(f"{name:>8} {counts[name]:>5} {median * 1000:>10.3f} {share:>9} {fast * 1000:>8.3f} {fast_share:>9}")
+    print("overhead: median of the per-round ratio to plain (paired); beside it the ratio of the medians")
+    print(
+        f"{'setting':>13} {'variant':>8} {'nodes':>5} {'wall ms':>8} {'p10 ms':>7} {'paired':>8} "
+        f"{'of medians':>10} {'p25..p75 paired':>16} {'cpu ms':>7} {'cpu paired':>10}"
+    )
+    for setting, (counts, samples, cpu) in results.items():
+        base = statistics.median(samples["plain"])
+        for name in variants:
+            median = statistics.median(samples[name])
+            if name == "plain":
+                paired = of_medians = spread = cpu_paired = ""
+            else:
+                ratios = sorted(v / p for v, p in zip(samples[name], samples["plain"], strict=True))
+                paired = f"{(statistics.median(ratios) - 1) * 100:+.1f}%"
+                of_medians = f"{(median / base - 1) * 100:+.1f}%"
+                q1, q3 = ratios[len(ratios) // 4], ratios[3 * len(ratios) // 4]
+                spread = f"{(q1 - 1) * 100:+.1f}..{(q3 - 1) * 100:+.1f}%"
+                cpu_ratio = statistics.median(v / p for v, p in zip(cpu[name], cpu["plain"], strict=True) if p > 0)
+                cpu_paired = f"{(cpu_ratio - 1) * 100:+.1f}%"
+            cpu_ms = statistics.median(cpu[name]) * 1000
+            print(
+                f"{setting:>13} {name:>8} {counts[name]:>5} {median * 1000:>8.3f} {_p10(samples[name]) * 1000:>7.3f} "
+                f"{paired:>8} {of_medians:>10} {spread:>16} {cpu_ms:>7.3f} {cpu_paired:>10}"
+            )
+
+
+LOAD_BEFORE = f"{os.getloadavg()[0]:.2f}"
+
+
+def measure(
+    variants: dict[str, Callable[[], list[object]]], repeat: int, flush: Callable[[], None]
+) -> tuple[dict[str, int], dict[str, list[float]], dict[str, list[float]]]:
+    """Warm up, then ``repeat`` rounds timing every variant once, the order rotated each round."""
+    counts = {name: len(run()) for name, run in variants.items()}
+    names = list(variants)
+    for _ in range(20):  # warm-up
+        for run in variants.values():
+            run()
+        flush()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(repeat):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = variants[name]
+            started, cpu_started = time.perf_counter(), time.process_time()
+            run()
+            samples[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - cpu_started)
+        flush()  # outside the timed calls: the exported spans are dropped, not accumulated
+    return counts, samples, cpu
+
+
+class Telemetry:
+    """OpenTelemetry's SDK, exporting to memory; LlamaIndex traced by OpenInference on demand."""
+
+    def __init__(self) -> None:
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        self.exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = self.tracer_provider.get_tracer("bench")
+        self.reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[self.reader]))
+
+    def in_app_span(self, run: Callable[[], list[object]]) -> Callable[[], list[object]]:
+        def traced() -> list[object]:
+            with self.tracer.start_as_current_span("request"):
+                return run()
+
+        return traced
+
+    def trace_llamaindex(self) -> None:
+        from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
+
+        LlamaIndexInstrumentor().instrument(tracer_provider=self.tracer_provider)
+
+    def flush(self) -> None:
+        """Drop what was exported (outside the timed calls), so memory does not grow."""
+        self.exporter.clear()
+        self.reader.get_metrics_data()
+
+
+def listen() -> Telemetry | None:
+    try:
+        import openinference.instrumentation.llama_index  # noqa: F401
+        import opentelemetry.sdk  # noqa: F401
+    except ImportError:
+        return None
+    return Telemetry()
+
+
+def profile(run: Callable[[], object], repeat: int) -> None:
+    import cProfile
+    import pstats
+
+    for _ in range(50):
+        run()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(repeat):
+        run()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(20)
+    stats.sort_stats("cumulative").print_stats("llama_jev", 25)
 
 
 def _p10(values: list[float]) -> float:

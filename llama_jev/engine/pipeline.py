@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ from llama_jev.core.errors import (
     RetrievalUnavailableError,
 )
 from llama_jev.core.records import Decision, DecisionRecord, Mode, Reason, Status
+from llama_jev.core.telemetry import observe_decision, observe_unjudged
+from llama_jev.engine.rerank import JudgementSpan, judgement_span, listening
 from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
 
 __all__ = [
@@ -97,7 +100,13 @@ class JudgedRetrieval:
     """ACL -> independent judgements -> order by probability -> limit, for one selector and ACL."""
 
     def __init__(
-        self, selector: CandidateSelector, acl: Acl, *, question: str = RELEVANCE_QUESTION, pushdown: bool = False
+        self,
+        selector: CandidateSelector,
+        acl: Acl,
+        *,
+        question: str = RELEVANCE_QUESTION,
+        pushdown: bool = False,
+        component: str = "JudgedRetrieval",
     ) -> None:
         if not isinstance(selector, CandidateSelector):
             raise TypeError("selector must be a CandidateSelector")
@@ -108,6 +117,8 @@ class JudgedRetrieval:
         self.selector = selector
         self.acl = acl
         self.question = question
+        # Who judges, as traces name the judgement's span (``JevRetriever.judge``).
+        self.component = component
         # Whether the store applies the ACL before retrieval (DecisionRecord.pushdown).
         self.pushdown = pushdown
         # Whether the whole store was asked which configured keys it lacks (then the returned
@@ -128,10 +139,12 @@ class JudgedRetrieval:
         check_query(query)
         authorized = self._authorize(nodes, ctx)
         if self.mode is Mode.OFF:
-            return _limit(authorized, limit)
-        candidates = to_candidates(authorized)
-        decision = self.selector.select(query, self.question, candidates, ctx=ctx, **self._counts(nodes, authorized))
-        return self._apply(authorized, decision, limit)
+            return self._unjudged(nodes, authorized, limit)
+        with self._span(query, authorized, limit) as span:
+            candidates = to_candidates(authorized)
+            counts = self._counts(nodes, authorized)
+            decision = self.selector.select(query, self.question, candidates, ctx=ctx, **counts)
+            return span.returned(self._apply(authorized, decision, limit))
 
     async def arun(
         self, query: str, nodes: Sequence[NodeWithScore], ctx: RuntimeContext, limit: int | None
@@ -140,11 +153,12 @@ class JudgedRetrieval:
         check_query(query)
         authorized = self._authorize(nodes, ctx)
         if self.mode is Mode.OFF:
-            return _limit(authorized, limit)
-        candidates = to_candidates(authorized)
-        counts = self._counts(nodes, authorized)
-        decision = await self.selector.aselect(query, self.question, candidates, ctx=ctx, **counts)
-        return self._apply(authorized, decision, limit)
+            return self._unjudged(nodes, authorized, limit)
+        with self._span(query, authorized, limit) as span:
+            candidates = to_candidates(authorized)
+            counts = self._counts(nodes, authorized)
+            decision = await self.selector.aselect(query, self.question, candidates, ctx=ctx, **counts)
+            return span.returned(self._apply(authorized, decision, limit))
 
     def identity(self, ctx: RuntimeContext | None) -> RuntimeContext:
         """The caller to act for: ``ctx``, else the bound one; the error names what this ACL needs.
@@ -155,6 +169,20 @@ class JudgedRetrieval:
         """
         needs_tenant = isinstance(self.acl, MetadataAcl) and self.acl.tenant_key is not None
         return resolve_runtime_context(ctx, needs_tenant=needs_tenant)
+
+    def _span(
+        self, query: str, authorized: list[NodeWithScore], limit: int | None
+    ) -> AbstractContextManager[JudgementSpan]:
+        """The judgement's RERANKER span: the authorized candidates in, the nodes returned out."""
+        top_n = len(authorized) if limit is None else limit
+        return judgement_span(self.component, query, authorized, top_n, self.selector.judge)
+
+    def _unjudged(
+        self, nodes: Sequence[NodeWithScore], authorized: list[NodeWithScore], limit: int | None
+    ) -> list[NodeWithScore]:
+        """Mode OFF: the ACL only; counted and described like a judgement, with nothing judged."""
+        observe_unjudged(self.mode, len(nodes), len(nodes) - len(authorized), self.pushdown)
+        return _limit(authorized, limit)
 
     def _counts(self, nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore]) -> dict[str, Any]:
         """What the record says the retrieval did before the judge: retrieved, denied by the ACL, pushdown."""
@@ -174,10 +202,12 @@ class JudgedRetrieval:
         return authorized
 
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:
+        failure = describe_failure(decision) if decision.status is Status.ERROR else None
         if decision.record is not None:
-            dispatcher.event(JevDecisionEvent(record=decision.record))
-        if decision.status is Status.ERROR:
-            failure = describe_failure(decision)
+            if listening(dispatcher)[1]:
+                dispatcher.event(JevDecisionEvent(record=decision.record))
+            observe_decision(decision.record, failure.facts() if failure is not None else None)
+        if failure is not None:
             if self.mode is Mode.SHADOW:
                 # SHADOW serves as if OFF; without this line a judge failing on every call (a
                 # wrong key) would leave only error records and nobody would notice.
@@ -239,6 +269,10 @@ class JudgeFailure:
     retryable: bool
     # What failed, when the error says it better than the reason's headline (an in-process timeout).
     detail: str | None = None
+
+    def facts(self) -> dict[str, Any]:
+        """``error_type``, ``status_code`` and ``retryable``: what telemetry may say of the failure."""
+        return {"error_type": self.error_type, "status_code": self.status_code, "retryable": self.retryable}
 
     @property
     def summary(self) -> str:

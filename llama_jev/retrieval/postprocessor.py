@@ -47,7 +47,7 @@ class JevNodePostprocessor(BaseNodePostprocessor):
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
             raise ValueError(f"top_n must be a positive integer or None, got {top_n!r}")
         super().__init__(top_n=top_n, question=question, **kwargs)
-        self._judged = JudgedRetrieval(selector, acl, question=question)
+        self._judged = JudgedRetrieval(selector, acl, question=question, component=self.class_name())
 
     @classmethod
     def class_name(cls) -> str:

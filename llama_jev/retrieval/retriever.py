@@ -6,13 +6,15 @@ import copy
 import inspect
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
 from llama_index_instrumentation import get_dispatcher
+from llama_index_instrumentation.dispatcher import DISPATCHER_SPAN_DECORATED_ATTR
 
 from llama_jev import stores
 from llama_jev.acl.diagnostics import warn_keys_absent
@@ -30,6 +32,21 @@ logger = logging.getLogger(__name__)
 _TOP_K_ATTRIBUTE = "similarity_top_k"
 # Keyword arguments VectorIndexRetriever takes through **kwargs rather than by name.
 _PASS_THROUGH_KWARGS = frozenset({"vector_store_kwargs"})
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _no_own_span(method: _Method) -> _Method:
+    """Keep LlamaIndex's mixin from wrapping ``method`` in a dispatcher span of its own.
+
+    ``BaseRetriever.retrieve``, which ``retrieve`` calls and which calls ``_retrieve``, opens the
+    retriever's span already. More spans around it would cost a span per retrieval each, repeat
+    the nodes in every trace (OpenInference serialises a span's result), and hand the handlers
+    ``ctx`` (identity values) as an argument to record. The mixin skips what is marked as spanned.
+    """
+    setattr(method, DISPATCHER_SPAN_DECORATED_ATTR, True)
+    return method
 
 
 class JevRetriever(BaseRetriever):
@@ -92,7 +109,7 @@ class JevRetriever(BaseRetriever):
         top_k = own_top_k if top_k is None else top_k
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-        self._judged = JudgedRetrieval(selector, acl, question=question)
+        self._judged = JudgedRetrieval(selector, acl, question=question, component=self.class_name())
         self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None
         self._judged.pushdown = self._pushdown is not None
         # The store is asked once which configured keys no node holds (pushdown or not); a store
@@ -186,16 +203,19 @@ class JevRetriever(BaseRetriever):
             return max(self.candidate_limit, self.top_k or 0)
         return self.top_k
 
+    @_no_own_span
     def retrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Retrieve for the bound identity, or for ``ctx`` when given."""
         with bind_if_given(ctx):
             return super().retrieve(str_or_query_bundle)
 
+    @_no_own_span
     async def aretrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Async :meth:`retrieve`."""
         with bind_if_given(ctx):
             return await super().aretrieve(str_or_query_bundle)
 
+    @_no_own_span
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         check_query(query_bundle.query_str)
         ctx = self._judged.identity(None)
@@ -204,6 +224,7 @@ class JevRetriever(BaseRetriever):
         nodes = self._upstream(ctx).retrieve(query_bundle)
         return self._judged.run(query_bundle.query_str, nodes, ctx, self.top_k)
 
+    @_no_own_span
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         check_query(query_bundle.query_str)
         ctx = self._judged.identity(None)

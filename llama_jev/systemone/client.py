@@ -37,6 +37,7 @@ from llama_jev.core.errors import (
     JevServerError,
     JevTimeoutError,
 )
+from llama_jev.core.telemetry import count_rate_limited, count_retry
 from llama_jev.systemone.governor import Governor, GovernorStats, Permit
 from llama_jev.systemone.responses import (
     _REDACTED,
@@ -255,12 +256,15 @@ class JevClient:
                         retryable=True,
                     ) from error
                 logger.debug("System One attempt %d failed (%s); retrying in %.3f s", retry_number, error, delay)
+                count_retry(type(error).__name__, error.status_code)
             yield _Sleep(delay)
 
     def _release(self, permit: Permit, outcome: _Outcome) -> None:
         """Tell the governor how the attempt went: the status decides the limit, Retry-After the pause."""
         if isinstance(outcome, httpx.Response):
             retry_after = _retry_after(outcome.headers) if outcome.status_code >= 400 else None
+            if outcome.status_code in (429, 529):
+                count_rate_limited(outcome.status_code)
             self.governor.release(permit, status=outcome.status_code, retry_after=retry_after)
         else:
             self.governor.release(permit)

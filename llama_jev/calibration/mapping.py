@@ -348,7 +348,8 @@ class CalibratedJudge:
     wrapping are never mixed by accident.
 
     Example:
-        >>> from llama_jev import NoulQuestion, ScriptedJudge, SystemOneRequest
+        >>> from llama_jev import ScriptedJudge
+        >>> from llama_jev.systemone import NoulQuestion, SystemOneRequest
         >>> raw = ScriptedJudge(lambda state, qid, ins: 0.9)
         >>> judge = CalibratedJudge(raw, PlattMapping(slope=0.5, intercept=0.0))
         >>> result = judge.system_one(SystemOneRequest(state="q", questions={"item_0": NoulQuestion()}))

@@ -332,7 +332,7 @@ def describe_failure(decision: Decision) -> JudgeFailure:
     invalid answer, data the judge cannot take or an unknown error do not.
 
     Example:
-        >>> from llama_jev import Reason
+        >>> from llama_jev.core import Reason
         >>> describe_failure(Decision(Status.ERROR, Reason.TIMEOUT, error=TimeoutError())).retryable
         True
     """

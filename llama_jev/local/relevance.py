@@ -167,7 +167,8 @@ class LocalRelevanceJudge(_WindowedHead):
         ValueError: ``parameters``, the window settings or the cross-encoder's layers are not valid.
 
     Example:
-        >>> from llama_jev import CandidateSelector, Candidate, ExecutionOptions, Mode, RELEVANCE_QUESTION
+        >>> from llama_jev import CandidateSelector, ExecutionOptions, Mode
+        >>> from llama_jev.engine import RELEVANCE_QUESTION, Candidate
         >>> selector = CandidateSelector(LocalRelevanceJudge(), ExecutionOptions(mode=Mode.ENFORCE))
         >>> decision = selector.select(
         ...     "How long does shipping take?",

@@ -156,7 +156,8 @@ class ScriptedJudge:
     """A deterministic judge answering from a function: for tests and offline examples.
 
     Example:
-        >>> from llama_jev import NoulQuestion, ScriptedJudge, SystemOneRequest
+        >>> from llama_jev import ScriptedJudge
+        >>> from llama_jev.systemone import NoulQuestion, SystemOneRequest
         >>> judge = ScriptedJudge(lambda state, qid, ins: 0.9 if "refund" in str(ins) else 0.1)
         >>> request = SystemOneRequest(
         ...     state="q", questions={"item_0": NoulQuestion(instructions="refund rules")}

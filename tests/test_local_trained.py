@@ -1,0 +1,82 @@
+"""The offline judge's trained exit layer: its delta, sha256-checked and merged into the fp32 weights at load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from llama_jev.local.cross_encoder import MarcoCrossEncoder
+from llama_jev.local.fp32 import dequantize
+from llama_jev.local.relevance import LocalRelevanceJudge, load_parameters
+from llama_jev.local.tuned import DELTA_ASSET, ROLES, LayerDelta, matmul_output
+from llama_jev.local.weights import carried_file
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+# Not in any labelled set: the opposite operation of the one asked about.
+QUERY = "How do I unsubscribe from the newsletter?"
+ANSWER = (
+    "Click the Unsubscribe link at the bottom of any newsletter email, or untick Newsletter in your account "
+    "settings; it takes effect within 48 hours."
+)
+OPPOSITE = "To subscribe to the newsletter, enter your email address in the box at the bottom of our home page."
+
+
+def test_the_shipped_delta_is_small_and_the_fit_names_its_sha256() -> None:
+    fit = load_parameters()
+    path = Path(__file__).resolve().parent.parent / "llama_jev" / DELTA_ASSET
+
+    assert fit["delta"] == {"file": Path(DELTA_ASSET).name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert path.stat().st_size < 300_000
+
+
+def test_the_delta_is_added_to_the_exit_layers_fp32_weights_and_nothing_else() -> None:
+    fit = load_parameters()
+    delta = LayerDelta(fit["delta"]["file"], fit["delta"]["sha256"], layer=fit["layers"])
+    data = carried_file(*MarcoCrossEncoder._file).read_bytes()
+    _, base = dequantize(data)
+    names: dict[str, str] = {}
+
+    def tune(graph: object, weights: dict[str, np.ndarray]) -> None:
+        writer = {name: node for node in graph.node for name in node.output}  # type: ignore[attr-defined]
+        names.update({role: writer[matmul_output(delta.layer - 1, role)].input[1] for role in ROLES})
+        delta.merge(graph, weights)
+
+    _, merged = dequantize(data, tune=tune)
+
+    assert merged.keys() == base.keys()
+    changed = {name for name in base if not np.array_equal(base[name], merged[name])}
+    assert changed == set(names.values())
+    for role, name in names.items():
+        update = delta.arrays[f"{role}.lora_a"].astype(np.float64) @ delta.arrays[f"{role}.lora_b"].astype(np.float64)
+        assert np.array_equal(merged[name], (base[name].astype(np.float64) + update).astype(np.float32))
+
+
+def test_a_delta_with_another_sha256_or_missing_arrays_is_refused(tmp_path: Path) -> None:
+    fit = load_parameters()
+    with pytest.raises(ValueError, match="expected 00"):
+        LayerDelta(fit["delta"]["file"], "00" * 32, layer=fit["layers"])
+    partial = tmp_path / "partial.npz"
+    np.savez(partial, **{"attention.self.query.lora_a": np.zeros((384, 8), dtype=np.float32)})
+    digest = hashlib.sha256(partial.read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match="lacks"):
+        LayerDelta(str(partial), digest, layer=fit["layers"])
+
+
+def test_the_trained_judge_rejects_the_opposite_operation_the_untrained_one_accepted() -> None:
+    trained = LocalRelevanceJudge()
+    untrained = LocalRelevanceJudge(parameters=json.loads((BENCHMARKS / "local_judge_v2.json").read_text()))
+    answer, opposite = trained.probabilities(QUERY, [ANSWER, OPPOSITE])
+    before = untrained.probabilities(QUERY, [ANSWER, OPPOSITE])
+
+    assert answer >= 0.8 > 0.2 >= opposite
+    assert before[1] > 0.2
+    with pytest.raises(ValueError, match="trained layer"):
+        LocalRelevanceJudge(cross_encoder=MarcoCrossEncoder(layers=trained.layers))

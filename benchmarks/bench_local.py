@@ -20,6 +20,8 @@ rejected, uncertain in between. The old judge and ``local-relevance-v2`` (the he
 untrained layer, ``local_judge_v2.json``) never saw that set, so they are measured on all of it
 here; the shipped judge was trained on it, so its figures are the leave-one-domain-out ones that
 ``train_local_judge.py`` measured and recorded in ``local_judge.json`` (printed, not recomputed).
+Each table is given twice: the set as written, whose non-answers are shorter than its answers,
+and length-matched (``hard_set.length_matched``), where length tells nothing.
 Latency is one judgement through
 ``CandidateSelector`` (ENFORCE, no query cache: each retrieval brings a new query). Load time and
 peak memory come from a fresh process per judge (load includes the sha256 checks).
@@ -49,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from encoders import BgeSmallEncoder, ParaphraseMiniLMEncoder
 from four_signal_judge import FourSignalJudge
-from hard_set import HardPair, format_table, load_hard_pairs, per_kind
+from hard_set import HardPair, fitting_rows, format_table, length_matched, load_hard_pairs, per_kind
 
 from llama_jev.local import LocalRelevanceJudge, MarcoCrossEncoder, MiniLMEncoder, load_parameters
 
@@ -280,14 +282,18 @@ def main() -> None:
     fresh = {kind: in_child(kind) for kind in ("old", "new")}
     judges = {kind: build(kind) for kind in ("old", "new")}
 
-    # --- quality per kind on the hard set ---------------------------------------------------------
+    # --- quality per kind on the hard set, as written and length-matched --------------------------
     hard = load_hard_pairs()
+    matched = length_matched(hard, fitting_rows(mixes=True))
     v2 = LocalRelevanceJudge(parameters=json.loads(V2.read_text(encoding="utf-8")))
-    tables = {
-        "old: four models, int8": per_kind(quality(judges["old"], hard), hard),
-        "local-relevance-v2 (untrained layer)": per_kind(quality(v2, hard), hard),
-        "shipped (leave-one-domain-out)": load_parameters()["fit"]["lodo"],
-    }
+    fit = load_parameters()["fit"]
+    views = {}
+    for view, pairs, recorded in (("as written", hard, "lodo"), ("length-matched", matched, "lodo_length_matched")):
+        views[view] = {
+            "old: four models, int8": per_kind(quality(judges["old"], pairs), pairs),
+            "local-relevance-v2 (untrained layer)": per_kind(quality(v2, pairs), pairs),
+            "shipped (leave-one-domain-out)": fit[recorded],
+        }
     # --- latency ---------------------------------------------------------------------------------
     cost: list[tuple[str, ...]] = [
         (
@@ -330,12 +336,13 @@ def main() -> None:
         f"llama_jev offline judge benchmark: python {platform.python_version()}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs (load average {load:.1f} at the end), median of {args.runs} runs\n"
     )
-    print(
-        f"Quality per kind on the hard set ({len(hard)} pairs, {sum(p.label for p in hard)} relevant), thresholds "
-        f"0.2 / 0.8; targets AUC >= {TARGETS['auc']}, precision >= {percent(TARGETS['precision'])}, NPV >= "
-        f"{percent(TARGETS['npv'])}, uncertain <= {percent(TARGETS['uncertain'])}:\n"
-    )
-    print(format_table(tables))
+    for view, tables in views.items():
+        print(
+            f"Quality per kind on the hard set, {view} ({len(hard)} pairs, {sum(p.label for p in hard)} relevant), "
+            f"thresholds 0.2 / 0.8; targets AUC >= {TARGETS['auc']}, precision >= {percent(TARGETS['precision'])}, "
+            f"NPV >= {percent(TARGETS['npv'])}, uncertain <= {percent(TARGETS['uncertain'])}:\n"
+        )
+        print(format_table(tables) + "\n")
     print("\nCost through CandidateSelector (wall clock, CPU seconds of all threads in brackets):\n")
     print(table(cost, ("measure", "old: four models, int8, per passage", "new: layer-9 head, fp32, batched", "bar")))
     print("\nInstall size (files on disk):\n")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -160,11 +160,64 @@ class Row:
     label: bool
 
 
-def fitting_rows() -> list[Row]:
-    """The older sets (``pairs.jsonl``, ``generic_extra.jsonl``: domain ``old``), then the hard set."""
+def fitting_rows(*, mixes: bool = False) -> list[Row]:
+    """The older sets (``pairs.jsonl``, ``generic_extra.jsonl``: domain ``old``), then the hard set.
+
+    ``mixes`` adds, per hard query, longer passages made of its domain's short passages (keys
+    ``mix:`` and ``pad:``, the domain's own, so a fold that holds the domain out holds them out
+    too): its answer or paraphrase among two passages of other queries (label 1); three of its
+    non-answers together (label 0); and each of its four non-answers followed by another query's
+    neighbouring-subject passage (label 0).
+    """
     old = [
         Row(f"old:{p.id}", "old", p.query, p.passage, p.label)
         for path in (PAIRS, PAIRS.parent / "generic_extra.jsonl")
         for p in load_pairs(path)
     ]
-    return old + [Row(f"hard:{p.id}", p.domain, p.query, p.passage, p.label) for p in load_hard_pairs()]
+    hard = load_hard_pairs()
+    rows = old + [Row(f"hard:{p.id}", p.domain, p.query, p.passage, p.label) for p in hard]
+    if not mixes:
+        return rows
+    short = [p for p in hard if not p.long]
+    by_query: dict[str, list[HardPair]] = {}
+    for pair in short:
+        by_query.setdefault(pair.query_id, []).append(pair)
+    queries = sorted(by_query)
+    for number, query_id in enumerate(queries):
+        own = {pair.kind: pair for pair in by_query[query_id]}
+        domain = own["answer"].domain
+        others = [q for q in queries if q != query_id and by_query[q][0].domain == domain]
+        # Two passages of other queries of the domain (fixed choice: the next two in order).
+        start = others.index(min(others, key=lambda q: (q <= query_id, q)))
+        fillers = [by_query[others[(start + k) % len(others)]][2 + (number + k) % 4].passage for k in range(2)]
+        answer = own["answer" if number % 2 == 0 else "paraphrase"].passage
+        parts = [*fillers]
+        parts.insert(number % 3, answer)
+        negatives = [own[kind].passage for kind in NEGATIVE_KINDS if kind != NEGATIVE_KINDS[number % 4]]
+        rows.append(Row(f"mix:{query_id}-1", domain, own["answer"].query, " ".join(parts), True))
+        rows.append(Row(f"mix:{query_id}-0", domain, own["answer"].query, " ".join(negatives), False))
+        # Each short non-answer followed by another query's neighbouring-subject passage: the
+        # written non-answers are shorter than the answers (16 words against 28 on average), and
+        # a judge must not learn that length answers.
+        for k, kind in enumerate(NEGATIVE_KINDS):
+            filler = by_query[others[(start + k) % len(others)]][5].passage
+            rows.append(Row(f"pad:{query_id}-{kind}", domain, own[kind].query, f"{own[kind].passage} {filler}", False))
+    return rows
+
+
+def pad_key(pair: HardPair) -> str | None:
+    """The key of the row (``fitting_rows(mixes=True)``) that is this short non-answer lengthened."""
+    return None if pair.label or pair.long else f"pad:{pair.query_id}-{pair.kind}"
+
+
+def length_matched(pairs: Sequence[HardPair], rows: Sequence[Row]) -> list[HardPair]:
+    """The hard set with each short non-answer followed by another query's neighbouring-subject
+    passage (as in ``fitting_rows(mixes=True)``): non-answers as long as the answers, so that
+    length tells nothing (the set as written: 16 words against 28 on average, and length alone
+    ranks it with AUC 0.92)."""
+    padded = {row.key: row.passage for row in rows if row.key.startswith("pad:")}
+    out = []
+    for pair in pairs:
+        key = pad_key(pair)
+        out.append(pair if key is None else replace(pair, id=f"{pair.id}+pad", passage=padded[key]))
+    return out

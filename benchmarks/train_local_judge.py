@@ -48,7 +48,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from fit_local_judge import tighten
-from hard_set import HARD_PAIRS, Row, fitting_rows, format_table, load_hard_pairs, lodo_folds, per_kind
+from hard_set import (
+    HARD_PAIRS,
+    HardPair,
+    Row,
+    fitting_rows,
+    format_table,
+    length_matched,
+    load_hard_pairs,
+    lodo_folds,
+    pad_key,
+    per_kind,
+)
 from relevance_set import PAIRS
 
 from llama_jev.calibration import PlattMapping, fit_platt
@@ -291,18 +302,42 @@ def mapped(mapping: PlattMapping, z: np.ndarray) -> list[float]:
     return [float(mapping(1 / (1 + math.exp(-value)))) for value in z]
 
 
+def lodo_tables(
+    items: Sequence[Row], hard: Sequence[HardPair], held_z: np.ndarray, labels: np.ndarray
+) -> dict[str, dict[str, dict[str, float | int]]]:
+    """The per-kind figures of the held-out logits: each domain's logits through a mapping fitted on
+    the other domains' held-out logits of the hard set (and its lengthened non-answers, when
+    trained with them); the set as written and (with the mixes) length-matched."""
+    index = {item.key: i for i, item in enumerate(items)}
+    hard_rows = [index[f"hard:{pair.id}"] for pair in hard]
+    calibration_rows = [i for i, item in enumerate(items) if item.key.startswith(("hard:", "pad:"))]
+    p = np.zeros(len(items))
+    for domain in sorted({pair.domain for pair in hard}):
+        inside = [i for i, item in enumerate(items) if item.domain == domain]
+        outside = [i for i in calibration_rows if items[i].domain != domain]
+        p[inside] = mapped(fitted_mapping(held_z[outside], labels[outside]), held_z[inside])
+    tables = {"as written": per_kind([float(p[i]) for i in hard_rows], hard)}
+    if any(item.key.startswith("pad:") for item in items):
+        matched = length_matched(hard, items)
+        rows = [index[pad_key(pair) or f"hard:{pair.id}"] for pair in hard]
+        tables["length-matched"] = per_kind([float(p[i]) for i in rows], matched)
+    return tables
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lodo-only", action="store_true", help="measure leave-one-domain-out, write nothing")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/llama_jev_train_states.npz"))
+    parser.add_argument("--mixes", action="store_true", help="add the longer mixed passages (hard_set.fitting_rows)")
+    parser.add_argument("--assets", type=Path, default=ASSETS, help="where to write the two files")
     args = parser.parse_args()
     torch.set_num_threads(2)
     started = time.monotonic()
-    items, hard = fitting_rows(), load_hard_pairs()
+    items, hard = fitting_rows(mixes=args.mixes), load_hard_pairs()
     labels = np.array([float(item.label) for item in items])
     digest = hashlib.sha256(
         b"".join(path.read_bytes() for path in (PAIRS, PAIRS.parent / "generic_extra.jsonl", HARD_PAIRS))
-    ).hexdigest()
+    ).hexdigest() + (f"+mixes:{len(items)}" if args.mixes else "")
     if args.cache.exists() and str(np.load(args.cache)["digest"]) == digest:
         cached = np.load(args.cache)
         states = [cached[f"s{i}"] for i in range(len(items))]
@@ -328,8 +363,8 @@ def main() -> None:
         raise SystemExit(f"the torch rebuild does not match the judge: {got} vs {expected}")
 
     folds = lodo_folds(items)
-    domains = [domain for domain, _, _ in folds]
-    hard_rows = [i for i, item in enumerate(items) if item.domain != "old"]
+    # The mapping is fitted on the hard set's rows, with its lengthened non-answers when trained with them.
+    calibration_rows = [i for i, item in enumerate(items) if item.key.startswith(("hard:", "pad:"))]
     held_z = np.zeros(len(items))
     curves: dict[str, list[float]] = {}
     for domain, fit_rows, out_rows in folds:
@@ -337,23 +372,18 @@ def main() -> None:
         held_z[out_rows] = scores(model, states, products, out_rows)
         curves[domain] = curve
         print(f"{domain}: loss {curve}  ({time.monotonic() - started:.0f} s)", flush=True)
-    # Each domain's p: its held-out logits through a mapping fitted on the other domains' held-out logits.
-    lodo_p = np.zeros(len(items))
-    for domain in domains:
-        inside = [i for i in hard_rows if items[i].domain == domain]
-        outside = [i for i in hard_rows if items[i].domain != domain]
-        lodo_p[inside] = mapped(fitted_mapping(held_z[outside], labels[outside]), held_z[inside])
-    table = per_kind([float(lodo_p[i]) for i in hard_rows], hard)
-    print(format_table({"trained (lodo)": table}), flush=True)
+    tables = lodo_tables(items, hard, held_z, labels)
+    for name, table in tables.items():
+        print(format_table({f"trained, leave-one-domain-out ({name})": table}), flush=True)
     lodo_minutes = (time.monotonic() - started) / 60
     np.save(args.cache.with_suffix(".lodo.npy"), held_z)
     if args.lodo_only:
         return
 
     model, curve = train(base, head, states, products, labels, list(range(len(items))))
-    mapping = fitted_mapping(held_z[hard_rows], labels[hard_rows])
+    mapping = fitted_mapping(held_z[calibration_rows], labels[calibration_rows])
     delta = model.delta()
-    path = ASSETS / Path(DELTA_ASSET).name
+    path = args.assets / Path(DELTA_ASSET).name
     np.savez(path, **delta)
     wall = time.monotonic() - started
     parameters = {
@@ -384,10 +414,11 @@ def main() -> None:
             "lodo_minutes": round(lodo_minutes, 1),
             "loss_curve": curve,
             "lodo_loss_curves": curves,
-            "lodo": table,
+            "lodo": tables["as written"],
+            "lodo_length_matched": tables.get("length-matched"),
         },
     }
-    (ASSETS / "local_judge.json").write_text(json.dumps(parameters, indent=2) + "\n", encoding="utf-8")
+    (args.assets / "local_judge.json").write_text(json.dumps(parameters, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path} ({path.stat().st_size} bytes) and local_judge.json in {wall:.0f} s; loss {curve}")
 
 

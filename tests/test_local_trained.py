@@ -20,13 +20,21 @@ from llama_jev.local.weights import carried_file
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-# Not in any labelled set: the opposite operation of the one asked about.
-QUERY = "How do I unsubscribe from the newsletter?"
-ANSWER = (
-    "Click the Unsubscribe link at the bottom of any newsletter email, or untick Newsletter in your account "
-    "settings; it takes effect within 48 hours."
-)
-OPPOSITE = "To subscribe to the newsletter, enter your email address in the box at the bottom of our home page."
+# Not in any labelled set: a question, its answer, and a passage of a failure kind (another entity; the
+# opposite operation) that the untrained layer's judge selected or left uncertain.
+CASES = [
+    (
+        "How much does a swimming lesson for children cost?",
+        "A course of ten swimming lessons for children costs 85 euros, including pool entry.",
+        "Adult swimming lessons cost 120 euros for a course of ten.",
+    ),
+    (
+        "How do I cancel my newspaper subscription?",
+        "Call our reader service or use the online form to end your subscription; it stops at the end of the "
+        "current billing month.",
+        "You can suspend delivery of your newspaper while you are on holiday for up to four weeks.",
+    ),
+]
 
 
 def test_the_shipped_delta_is_small_and_the_fit_names_its_sha256() -> None:
@@ -70,13 +78,19 @@ def test_a_delta_with_another_sha256_or_missing_arrays_is_refused(tmp_path: Path
         LayerDelta(str(partial), digest, layer=fit["layers"])
 
 
-def test_the_trained_judge_rejects_the_opposite_operation_the_untrained_one_accepted() -> None:
+@pytest.mark.parametrize(("query", "answer", "non_answer"), CASES)
+def test_the_trained_judge_rejects_a_near_miss_the_untrained_one_did_not(
+    query: str, answer: str, non_answer: str
+) -> None:
     trained = LocalRelevanceJudge()
     untrained = LocalRelevanceJudge(parameters=json.loads((BENCHMARKS / "local_judge_v2.json").read_text()))
-    answer, opposite = trained.probabilities(QUERY, [ANSWER, OPPOSITE])
-    before = untrained.probabilities(QUERY, [ANSWER, OPPOSITE])
+    p_answer, p_non_answer = trained.probabilities(query, [answer, non_answer])
 
-    assert answer >= 0.8 > 0.2 >= opposite
-    assert before[1] > 0.2
+    assert p_non_answer <= 0.2 < untrained.probabilities(query, [non_answer])[0]
+    assert p_answer > 0.4 > p_non_answer
+
+
+def test_a_cross_encoder_without_the_fits_delta_is_refused() -> None:
+    trained = LocalRelevanceJudge()
     with pytest.raises(ValueError, match="trained layer"):
         LocalRelevanceJudge(cross_encoder=MarcoCrossEncoder(layers=trained.layers))

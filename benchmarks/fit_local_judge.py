@@ -1,8 +1,7 @@
-"""Refit the offline judge's head on the untrained cross-encoder and write ``benchmarks/local_judge_v2.json``.
+"""Refit the offline judge on the shipped labelled set and write ``llama_jev/assets/local_judge.json``.
 
-That head (``local-relevance-v2``, the judge shipped before its exit layer was trained) is where
-``benchmarks/train_local_judge.py`` starts; the shipped judge (``llama_jev/assets/local_judge.json``)
-is that script's output.
+That fit (``local-relevance-v2``, a head on the untrained cross-encoder's layer 9) is also where
+``benchmarks/train_local_judge.py`` starts.
 
 Run: ``python benchmarks/fit_local_judge.py`` (needs ``pip install "llama-jev[local]"``; offline,
 deterministic, about a minute on two cores). ``--check`` refits and compares with the shipped file
@@ -44,7 +43,7 @@ from llama_jev.calibration import PlattMapping, fit_platt
 from llama_jev.local import FEATURES, LocalRelevanceJudge
 from llama_jev.local.relevance import EXIT_LAYER
 
-ASSET = Path(__file__).resolve().parent / "local_judge_v2.json"
+ASSET = Path(__file__).resolve().parent.parent / "llama_jev" / "assets" / "local_judge.json"
 MODEL = "local-relevance-v2"
 # Candidate L2 penalties (on standardised features, loss summed over pairs); the fit picks one.
 PENALTIES = (1.0, 3.0, 10.0, 30.0, 100.0)

@@ -30,7 +30,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from relevance_set import PAIRS, band, load_pairs, roc_auc
 
@@ -221,3 +221,13 @@ def length_matched(pairs: Sequence[HardPair], rows: Sequence[Row]) -> list[HardP
         key = pad_key(pair)
         out.append(pair if key is None else replace(pair, id=f"{pair.id}+pad", passage=padded[key]))
     return out
+
+
+TRAINED = Path(__file__).resolve().parent / "trained" / "local_judge.json"
+
+
+def trained_candidate() -> dict[str, Any]:
+    """The fit ``train_local_judge.py`` wrote to ``benchmarks/trained`` (not shipped), its delta by absolute path."""
+    fit: dict[str, Any] = json.loads(TRAINED.read_text(encoding="utf-8"))
+    fit["delta"] = {**fit["delta"], "file": str(TRAINED.parent / fit["delta"]["file"])}
+    return fit

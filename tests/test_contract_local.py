@@ -98,7 +98,7 @@ def test_python_m_llama_jev_serve_judges_over_http_and_stops_on_ctrl_c() -> None
 
     assert decision.selection is not None
     assert decision.selection.selected == ("answer",)
-    assert decision.record.model == "local-relevance-v3"
+    assert decision.record.model == "local-relevance-v2"
     assert bad.status_code == 422
     assert (server.returncode, err) == (0, "")
     assert "stopped" in out

@@ -319,7 +319,7 @@ def test_with_only_a_base_url_the_example_judges_through_the_served_local_judge(
     assert server.request_count == 1
     (http_record,) = over_http.records
     (local_record,) = in_process.records
-    assert http_record.model == local_record.model == "local-relevance-v3"
+    assert http_record.model == local_record.model == "local-relevance-v2"
     assert http_record.scores == local_record.scores
     assert type(over_http.error) is type(in_process.error)
 

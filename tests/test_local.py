@@ -237,7 +237,7 @@ def test_local_judge_is_a_judge_named_after_its_shipped_fit(judge: LocalRelevanc
     result = judge.system_one(relevance_request(SHIPPING_QUERY, {"ship": SHIPPING_ANSWER}))
 
     assert isinstance(judge, Judge)
-    assert result.model == load_parameters()["model"] == "local-relevance-v3"
+    assert result.model == load_parameters()["model"] == "local-relevance-v2"
     assert judge.mapping.name == "platt"
     assert judge.weights.shape == (len(FEATURES),)
 
@@ -549,7 +549,7 @@ def test_selector_in_enforce_selects_the_answer_and_rejects_the_rest(judge: Loca
     assert decision.selection.selected == ("answer",)
     assert set(decision.selection.rejected) == {"non_answer", "office"}
     assert decision.record is not None
-    assert decision.record.model == "local-relevance-v3"
+    assert decision.record.model == "local-relevance-v2"
 
 
 def test_selector_budget_too_small_for_the_local_model_is_a_timeout(judge: LocalRelevanceJudge) -> None:
@@ -627,7 +627,7 @@ def test_the_served_judge_answers_over_http_as_in_process(
     with JevClient(api_key="unused", base_url=served.base_url) as client:
         result = client.system_one(request)
 
-    assert result.model == "local-relevance-v3"
+    assert result.model == "local-relevance-v2"
     assert result.answers == judge.system_one(request).answers
 
 
@@ -676,7 +676,7 @@ def test_serve_command_prints_where_it_listens_answers_and_stops_on_ctrl_c() -> 
         first = process.stdout.readline()
         url = first.split(" at ")[-1].strip()
         assert first.startswith(
-            "llama_jev.serve: local-relevance-v3 (LocalRelevanceJudge, not Jev) at http://127.0.0.1:"
+            "llama_jev.serve: local-relevance-v2 (LocalRelevanceJudge, not Jev) at http://127.0.0.1:"
         )
         base_url = url.removesuffix("/v1/systemone")
         with JevClient(api_key="unused", base_url=base_url) as client:

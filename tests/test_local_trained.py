@@ -1,9 +1,13 @@
-"""The offline judge's trained exit layer: its delta, sha256-checked and merged into the fp32 weights at load."""
+"""A trained exit layer for the offline judge: its delta, sha256-checked and merged into the fp32 weights at load.
+
+The fit is the candidate ``benchmarks/train_local_judge.py`` wrote to ``benchmarks/trained`` (not the
+shipped judge; docs/judge-and-local-server.md says why).
+"""
 
 from __future__ import annotations
 
 import hashlib
-import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +22,13 @@ from llama_jev.local.tuned import DELTA_ASSET, ROLES, LayerDelta, matmul_output
 from llama_jev.local.weights import carried_file
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 
+from hard_set import TRAINED, trained_candidate  # noqa: E402
 
 # Not in any labelled set: a question, its answer, and a passage of a failure kind (another entity; the
-# opposite operation) that the untrained layer's judge selected or left uncertain.
+# opposite operation) that the shipped judge selects or leaves uncertain. (The candidate also leaves
+# the first answer far below 0.8: one reason it is not shipped.)
 CASES = [
     (
         "How much does a swimming lesson for children cost?",
@@ -37,16 +44,17 @@ CASES = [
 ]
 
 
-def test_the_shipped_delta_is_small_and_the_fit_names_its_sha256() -> None:
-    fit = load_parameters()
-    path = Path(__file__).resolve().parent.parent / "llama_jev" / DELTA_ASSET
+def test_the_trained_delta_is_small_and_its_fit_names_its_sha256() -> None:
+    fit = trained_candidate()
+    path = TRAINED.parent / Path(DELTA_ASSET).name
 
-    assert fit["delta"] == {"file": Path(DELTA_ASSET).name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert fit["delta"] == {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     assert path.stat().st_size < 300_000
+    assert "delta" not in load_parameters()  # the shipped judge reads the untrained layer
 
 
 def test_the_delta_is_added_to_the_exit_layers_fp32_weights_and_nothing_else() -> None:
-    fit = load_parameters()
+    fit = trained_candidate()
     delta = LayerDelta(fit["delta"]["file"], fit["delta"]["sha256"], layer=fit["layers"])
     data = carried_file(*MarcoCrossEncoder._file).read_bytes()
     _, base = dequantize(data)
@@ -68,7 +76,7 @@ def test_the_delta_is_added_to_the_exit_layers_fp32_weights_and_nothing_else() -
 
 
 def test_a_delta_with_another_sha256_or_missing_arrays_is_refused(tmp_path: Path) -> None:
-    fit = load_parameters()
+    fit = trained_candidate()
     with pytest.raises(ValueError, match="expected 00"):
         LayerDelta(fit["delta"]["file"], "00" * 32, layer=fit["layers"])
     partial = tmp_path / "partial.npz"
@@ -82,15 +90,13 @@ def test_a_delta_with_another_sha256_or_missing_arrays_is_refused(tmp_path: Path
 def test_the_trained_judge_rejects_a_near_miss_the_untrained_one_did_not(
     query: str, answer: str, non_answer: str
 ) -> None:
-    trained = LocalRelevanceJudge()
-    untrained = LocalRelevanceJudge(parameters=json.loads((BENCHMARKS / "local_judge_v2.json").read_text()))
+    trained = LocalRelevanceJudge(parameters=trained_candidate())
     p_answer, p_non_answer = trained.probabilities(query, [answer, non_answer])
 
-    assert p_non_answer <= 0.2 < untrained.probabilities(query, [non_answer])[0]
-    assert p_answer > 0.4 > p_non_answer
+    assert p_non_answer <= 0.2 < LocalRelevanceJudge().probabilities(query, [non_answer])[0]
+    assert p_answer > p_non_answer
 
 
 def test_a_cross_encoder_without_the_fits_delta_is_refused() -> None:
-    trained = LocalRelevanceJudge()
-    with pytest.raises(ValueError, match="trained layer"):
-        LocalRelevanceJudge(cross_encoder=MarcoCrossEncoder(layers=trained.layers))
+    with pytest.raises(ValueError, match="same trained layer"):
+        LocalRelevanceJudge(parameters=trained_candidate(), cross_encoder=MarcoCrossEncoder(layers=9))

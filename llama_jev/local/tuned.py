@@ -1,12 +1,13 @@
-"""The trained exit layer: a small delta merged into the cross-encoder's fp32 weights at load time.
+"""A trained exit layer: a small delta merged into the cross-encoder's fp32 weights at load time.
 
-The offline judge reads ms-marco-MiniLM-L-12-v2 to its ninth layer. That layer was trained further
-on hard negatives (``benchmarks/train_local_judge.py``); what changed ships as one small file in
-``llama_jev/assets`` (:data:`DELTA_ASSET`, about 200 kB): for each of the layer's six matrices a
-rank-8 update ``A @ B``, and the layer's biases and layer norms in full. The pinned base model is
-not copied: when the model is loaded, :func:`merge` adds ``A @ B`` to each dequantised weight
-(computed in float64, rounded once to fp32, so every CPU gets the same weights) and replaces the
-biases and norms. The merged graph has the same shape as the base one, so it costs no time.
+``benchmarks/train_local_judge.py`` trains the judge's exit layer (layer 9) further on hard
+negatives. What changes fits in one small file (about 250 kB): for each of the layer's six
+matrices a rank-8 update ``A @ B``, and the layer's biases and layer norms in full. The pinned
+base model is not copied: when the model is loaded, :meth:`LayerDelta.merge` adds ``A @ B`` to
+each dequantised weight (computed in float64 and rounded once to fp32, so every CPU gets the same
+weights) and replaces the biases and norms. The merged graph has the same shape as the base one,
+so it costs no time. A fit names its delta (``"delta": {"file": ..., "sha256": ...}``); the
+shipped fit has none (docs/judge-and-local-server.md says why).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 DELTA_ASSET: Final = "assets/local_judge_delta.npz"
-"""The shipped delta of the judge's exit layer, inside the ``llama_jev`` package."""
+"""Where a shipped delta of the judge's exit layer would live inside the ``llama_jev`` package (and
+its file name wherever ``train_local_judge.py`` writes one)."""
 ROLES: Final = (
     "attention.self.query",
     "attention.self.key",

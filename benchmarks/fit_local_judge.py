@@ -1,5 +1,8 @@
 """Refit the offline judge on the shipped labelled set and write ``llama_jev/assets/local_judge.json``.
 
+That fit (``local-relevance-v2``, a head on the untrained cross-encoder's layer 9) is also where
+``benchmarks/train_local_judge.py`` starts.
+
 Run: ``python benchmarks/fit_local_judge.py`` (needs ``pip install "llama-jev[local]"``; offline,
 deterministic, about a minute on two cores). ``--check`` refits and compares with the shipped file
 instead of writing it.

@@ -104,7 +104,7 @@ def choose_judge(environ: Mapping[str, str] | None = None) -> Choice:
         judge,
         "LocalRelevanceJudge: a SMALL LOCAL RELEVANCE MODEL, NOT Jev",
         "A small cross-encoder with packaged weights, read to its ninth layer, its head fitted and calibrated on "
-        "a few hundred labelled pairs: p >= 0.8 kept 95% precision on held-out pairs, and it answers 'uncertain' "
-        "more often than Jev would. "
+        "a few hundred labelled pairs. On 666 hard pairs it never saw (near misses: another aspect, another "
+        "entity, the opposite operation), only 63% of what it selects (p >= 0.8) is relevant (AUC 0.83). "
         "Set TYPESAFE_API_KEY to judge with TypeSafe's Jev.",
     )

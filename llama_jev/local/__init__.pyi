@@ -28,4 +28,5 @@ from llama_jev.local.relevance import (
 from llama_jev.local.relevance import (
     load_parameters as load_parameters,
 )
+from llama_jev.local.tuned import LayerDelta as LayerDelta
 from llama_jev.local.weights import carried_file as carried_file

@@ -11,6 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from llama_jev.local import weights
+from llama_jev.local.tuned import LayerDelta
 from llama_jev.local.weights import (
     _FORWARD_LOCK,
     _batches,
@@ -35,6 +36,9 @@ class MarcoCrossEncoder(_LoadedOnce):
     match the model card's to within the weights' rounding to int8: the card (the fp32 original)
     gives 9.22 and -4.08 for the two pairs of the example below, this model 9.09 and -3.93.
 
+    ``layers`` keeps only the first layers (an early exit, see :mod:`llama_jev.local.early_exit`);
+    ``delta`` merges a trained last layer into the weights at load (see :mod:`llama_jev.local.tuned`).
+
     Example:
         >>> model = MarcoCrossEncoder()
         >>> query = "How many people live in Berlin?"
@@ -55,13 +59,23 @@ class MarcoCrossEncoder(_LoadedOnce):
         "1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1",
     )
 
-    def __init__(self, *, intra_op_num_threads: int = 2, batch_size: int = 32, layers: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        intra_op_num_threads: int = 2,
+        batch_size: int = 32,
+        layers: int | None = None,
+        delta: LayerDelta | None = None,
+    ) -> None:
         for name, number in (("intra_op_num_threads", intra_op_num_threads), ("batch_size", batch_size)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {number!r}")
         if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 12):
             raise ValueError(f"layers must be an integer in [1, 12] or None (all 12), got {layers!r}")
+        if delta is not None and delta.layer != layers:
+            raise ValueError(f"the delta trains layer {delta.layer}: construct with layers={delta.layer}")
         _check_installed()
+        self.delta = delta
         self.intra_op_num_threads = intra_op_num_threads
         self.batch_size = batch_size
         self.layers = layers
@@ -70,11 +84,12 @@ class MarcoCrossEncoder(_LoadedOnce):
     def __repr__(self) -> str:
         state = "loaded" if self._model is not None else "not loaded"
         layers = "" if self.layers is None else f", layers={self.layers}"
-        return f"MarcoCrossEncoder(model_id={self.model_id!r}{layers}, {state})"
+        trained = "" if self.delta is None else f", delta={self.delta.file!r}"
+        return f"MarcoCrossEncoder(model_id={self.model_id!r}{layers}{trained}, {state})"
 
     def _build(self) -> _Model:
         session = weights._session(
-            carried_file(*self._file), self.intra_op_num_threads, int8=self._int8, layers=self.layers
+            carried_file(*self._file), self.intra_op_num_threads, int8=self._int8, layers=self.layers, delta=self.delta
         )
         names = frozenset(str(node.name) for node in session.get_inputs())
         return _Model(session, weights._tokenizer(None), names)

@@ -149,12 +149,16 @@ def prune(graph: Any) -> None:
 
 
 def dequantize(
-    data: bytes, *, edit: Callable[[Any], None] | None = None
+    data: bytes,
+    *,
+    edit: Callable[[Any], None] | None = None,
+    tune: Callable[[Any, dict[str, NDArray[np.float32]]], None] | None = None,
 ) -> tuple[bytes, dict[str, NDArray[np.float32]]]:
     """The graph with every dynamic int8 ``MatMul`` chain as an fp32 ``MatMul``, and its fp32 weights.
 
     ``edit`` changes the parsed graph further (e.g. :func:`llama_jev.local.early_exit.exit_after`)
-    before what no longer feeds an output is removed.
+    before what no longer feeds an output is removed. ``tune`` then changes the fp32 weights that
+    remain (it gets the graph and the weights by name; e.g. :meth:`llama_jev.local.tuned.LayerDelta.merge`).
 
     The returned graph names each weight as an external initializer; pass the arrays to
     onnxruntime with ``SessionOptions.add_external_initializers`` (see :func:`fp32_session`).
@@ -210,6 +214,8 @@ def dequantize(
     prune(graph)
     used = {name for node in graph.node for name in node.input}
     weights = {name: weight for name, weight in weights.items() if name in used}
+    if tune is not None:
+        tune(graph, weights)
     for name, weight in weights.items():
         tensor = graph.initializer.add(name=name, data_type=_FLOAT, dims=list(weight.shape))
         tensor.data_location = _EXTERNAL
@@ -236,13 +242,19 @@ class Fp32Session:
         return self.session.get_outputs()
 
 
-def fp32_session(model_path: Path, options: Any, *, edit: Callable[[Any], None] | None = None) -> Any:
+def fp32_session(
+    model_path: Path,
+    options: Any,
+    *,
+    edit: Callable[[Any], None] | None = None,
+    tune: Callable[[Any, dict[str, NDArray[np.float32]]], None] | None = None,
+) -> Any:
     """An onnxruntime session that runs ``model_path`` in fp32 (see the module docstring).
 
-    ``edit`` changes the graph before the session is built (see :func:`dequantize`).
+    ``edit`` changes the graph and ``tune`` its weights before the session is built (see :func:`dequantize`).
     """
     onnxruntime = importlib.import_module("onnxruntime")
-    data, weights = dequantize(model_path.read_bytes(), edit=edit)
+    data, weights = dequantize(model_path.read_bytes(), edit=edit, tune=tune)
     if not weights and edit is None:
         return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     names = list(weights)

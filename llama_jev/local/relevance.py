@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from llama_jev.local.cross_encoder import MarcoCrossEncoder, _logistic
 from llama_jev.local.minilm import _windows
 from llama_jev.local.passages import _check_accepted, _PassageJudge
+from llama_jev.local.tuned import LayerDelta
 from llama_jev.local.weights import _INSTALL_HINT
 from llama_jev.systemone.judge import RELEVANCE_QUESTION
 
@@ -45,6 +46,10 @@ def load_parameters() -> dict[str, Any]:
     text = resources.files("llama_jev").joinpath(_PARAMETERS_ASSET).read_text(encoding="utf-8")
     parameters: dict[str, Any] = json.loads(text)
     return parameters
+
+
+def _sha256_of(delta: LayerDelta | None) -> str | None:
+    return None if delta is None else delta.sha256
 
 
 class _WindowedHead(_PassageJudge):
@@ -132,7 +137,7 @@ class LocalRelevanceJudge(_WindowedHead):
     :class:`~llama_jev.calibration.PlattMapping` (fitted with
     :func:`~llama_jev.calibration.fit_platt` on out-of-fold scores, widened where needed so that on
     the fitting data ``p >= 0.8`` keeps precision >= 0.9 and ``p <= 0.2`` keeps NPV >= 0.95; the
-    measured held-out figures are in docs/judge-and-local-server.md). A blank passage gets ``p = 0``.
+    figures per kind of pair are in docs/judge-and-local-server.md). A blank passage gets ``p = 0``.
 
     **Long texts are windowed, never truncated**: a passage longer than 288 tokens is cut into
     overlapping windows (sharing 32 tokens), each read with the query, and the passage gets the
@@ -151,9 +156,12 @@ class LocalRelevanceJudge(_WindowedHead):
     an answer ready too late is discarded; both raise :class:`~llama_jev.errors.LocalJudgeTimeoutError`.
 
     Args:
-        cross_encoder: a :class:`MarcoCrossEncoder` built with ``layers=`` the fit's layer (default:
-            a new one).
-        parameters: a fit in the shape of ``llama_jev/assets/local_judge.json`` (default: that file).
+        cross_encoder: a :class:`MarcoCrossEncoder` built with ``layers=`` the fit's layer and its
+            ``delta`` (default: a new one).
+        parameters: a fit in the shape of ``llama_jev/assets/local_judge.json`` (default: that file);
+            its optional ``delta`` (``file``: a name in ``llama_jev/assets`` or a path, ``sha256``)
+            is a trained exit layer merged into the cross-encoder (:mod:`llama_jev.local.tuned`;
+            the shipped fit has none).
         model: the model name written into results and records (default: the fit's name).
         accepted_questions: the question texts answered; ``None`` accepts any text.
         window_tokens: tokens per window of a long text (default 288, at most 445).
@@ -201,10 +209,14 @@ class LocalRelevanceJudge(_WindowedHead):
             bias = float(fit["bias"])
             mapping = mapping_from_dict(fit["mapping"])
             name = str(model if model is not None else fit["model"])
+            trained = fit.get("delta")
+            delta = (
+                None if trained is None else LayerDelta(str(trained["file"]), str(trained["sha256"]), layer=self.layers)
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
                 f"parameters need a list of {len(FEATURES)} weights (FEATURES), the cross-encoder's layers, a bias, "
-                f"a mapping and a model name: {error!r}"
+                f"a mapping, a model name and optionally a delta (file, sha256): {error!r}"
             ) from error
         if len(weights) != len(FEATURES):
             raise ValueError(f"parameters need {len(FEATURES)} weights (one per FEATURES entry), got {len(weights)}")
@@ -222,7 +234,15 @@ class LocalRelevanceJudge(_WindowedHead):
                 f"the fit reads the cross-encoder's layer {self.layers}: pass MarcoCrossEncoder(layers={self.layers}), "
                 f"not one with layers={cross_encoder.layers}"
             )
-        self.cross_encoder = cross_encoder if cross_encoder is not None else MarcoCrossEncoder(layers=self.layers)
+        if cross_encoder is not None and _sha256_of(cross_encoder.delta) != _sha256_of(delta):
+            raise ValueError(
+                "the fit and the cross-encoder must carry the same trained layer: pass "
+                "MarcoCrossEncoder(layers=..., delta=...) with the fit's delta (none if it has none), "
+                "or no cross_encoder"
+            )
+        self.cross_encoder = (
+            cross_encoder if cross_encoder is not None else MarcoCrossEncoder(layers=self.layers, delta=delta)
+        )
         # Loaded now, not by the first request: loading takes a second, more on a busy machine, and
         # inside a judgement it would spend the judgement's budget (2 s by default) and time it out.
         self.load()

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from llama_jev.local.early_exit import exit_after
 from llama_jev.local.fp32 import fp32_session
+from llama_jev.local.tuned import LayerDelta
 
 _INSTALL_HINT = (
     'the local model needs the optional dependencies: pip install -e ".[local]" in a clone of llama_jev '
@@ -86,12 +87,15 @@ def _tokenizer(path: Path | None) -> Any:
     return tokenizer
 
 
-def _session(model_path: Path, threads: int, *, int8: bool = False, layers: int | None = None) -> Any:
+def _session(
+    model_path: Path, threads: int, *, int8: bool = False, layers: int | None = None, delta: LayerDelta | None = None
+) -> Any:
     """A CPU session of ``model_path``, its int8 matrix products run in fp32 (see :mod:`.fp32`).
 
     ``int8=True`` keeps the file's int8 kernels: faster, but their results depend on the CPU's
     instruction set and on the other rows of a batch; only the benchmark uses it, to compare.
-    ``layers``: run only the first encoder layers (see :mod:`.early_exit`; fp32 only).
+    ``layers``: run only the first encoder layers (see :mod:`.early_exit`; fp32 only). ``delta``: a
+    trained layer merged into the weights (see :mod:`.tuned`; fp32 only).
     """
     onnxruntime = _import_optional("onnxruntime")
     options = onnxruntime.SessionOptions()
@@ -99,12 +103,13 @@ def _session(model_path: Path, threads: int, *, int8: bool = False, layers: int 
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     if int8:
-        if layers is not None:
-            raise ValueError("an early exit is built on the fp32 graph, not on the int8 kernels")
+        if layers is not None or delta is not None:
+            raise ValueError("an early exit or a trained layer is built on the fp32 graph, not on the int8 kernels")
         return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    tune = None if delta is None else delta.merge
     if layers is None:
-        return fp32_session(model_path, options)
-    return fp32_session(model_path, options, edit=lambda graph: exit_after(graph, layers))
+        return fp32_session(model_path, options, tune=tune)
+    return fp32_session(model_path, options, edit=lambda graph: exit_after(graph, layers), tune=tune)
 
 
 _BATCH_TOKENS = 4096

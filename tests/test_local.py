@@ -506,10 +506,11 @@ def test_an_answer_not_ready_before_the_timeout_is_a_timeout(judge: LocalRelevan
     long_text = FILLER * 24  # about 35 windows: three forward passes of at most ~4,096 positions
     with pytest.raises(JevTimeoutError, match="needs more than") as caught:
         judge.system_one(relevance_request("a query never seen before", {"filler": long_text}), timeout=0.05)
-    # It stopped after the pass running at the deadline, with windows left unread, not after all.
+    # It stopped at a pass boundary with windows left unread, not after reading them all. On a busy
+    # machine the deadline can pass before the first pass starts (all windows left): still a stop.
     left = re.search(r"with (\d+) of (\d+) windows left", str(caught.value.__context__))
     assert left is not None, caught.value.__context__
-    assert 0 < int(left[1]) < int(left[2])
+    assert 0 < int(left[1]) <= int(left[2]) == 35
 
 
 async def test_async_judge_answers_like_sync_without_blocking_the_loop(judge: LocalRelevanceJudge) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,7 @@ from llama_jev.core.records import (
 )
 from llama_jev.systemone.governor import QueueWait, reporting_queue_wait
 from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge, runs_in_process
-from llama_jev.systemone.threads import BoundedCalls
+from llama_jev.systemone.threads import BoundedCalls, call_within
 from llama_jev.systemone.wire import (
     Instructions,
     NoulAnswer,
@@ -75,6 +76,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("llama_jev.selector")
+_BUDGET_RAN_OUT = "the judgement budget ran out before every batch was answered"
 
 
 @dataclass(frozen=True)
@@ -400,8 +402,13 @@ class CandidateSelector:
         return self._sample(state, candidates, self.observe(ctx, self._finish(plan, budget, scores, model)))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
-        # Batches run on the process's shared pool, even a single one, so the budget holds for a
-        # judge that ignores its timeout; at most max_concurrency of this judgement at a time.
+        # Batches run on other threads, even a single one, so the budget holds for a judge that
+        # ignores its timeout. One batch (the usual retrieval) takes the lighter hand-off.
+        if len(plan.requests) == 1:
+            with reporting_queue_wait(plan.queue):  # the copied context reports the batch's waits here
+                run = functools.partial(contextvars.copy_context().run, self._call_sync, plan.requests[0], budget)
+            return [call_within(run, budget.remaining(), expired=_BUDGET_RAN_OUT)]
+        # Several: the process's shared pool, at most max_concurrency of this judgement at a time.
         calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)
         with reporting_queue_wait(plan.queue):  # each batch's copied context reports its waits here
             futures = [
@@ -418,7 +425,7 @@ class CandidateSelector:
             if future in done and future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
         if pending:
-            raise TimeoutError("the judgement budget ran out before every batch was answered")
+            raise TimeoutError(_BUDGET_RAN_OUT)
         return [future.result() for future in futures]
 
     def _call_sync(self, request: SystemOneRequest, budget: Budget) -> SystemOneResult:

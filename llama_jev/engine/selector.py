@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from llama_jev.core.errors import (
@@ -25,6 +25,7 @@ from llama_jev.core.errors import (
     QueryTooLargeError,
     UnencodableTextError,
 )
+from llama_jev.core.models import copy_with
 from llama_jev.core.records import (
     DEFAULT_ACCEPT,
     DEFAULT_REJECT,
@@ -211,10 +212,9 @@ class CandidateSelector:
             batch_ids: dict[str, str] = {}
             for index, candidate in enumerate(batch):
                 item = f"item_{index}"
-                # model_copy(update=...) sets the new value without validating it (it is a str).
-                questions[item] = template.model_copy(
-                    update={"instructions": {"question": question, "candidate": candidate.text}}
-                )
+                # The template with only the candidate changed, not validated: it is a checked str.
+                instructions = {"question": question, "candidate": candidate.text}
+                questions[item] = copy_with(template, {"instructions": instructions})
                 batch_ids[item] = candidate.id
             requests.append(SystemOneRequest.model_construct(state=state, questions=questions))
             ids.append(batch_ids)
@@ -403,18 +403,13 @@ class CandidateSelector:
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
         # Batches run on other threads, even a single one, so the budget holds for a judge that
-        # ignores its timeout. One batch (the usual retrieval) takes the lighter hand-off.
-        if len(plan.requests) == 1:
-            with reporting_queue_wait(plan.queue):  # the copied context reports the batch's waits here
-                run = functools.partial(contextvars.copy_context().run, self._call_sync, plan.requests[0], budget)
-            return [call_within(run, budget.remaining(), expired=_BUDGET_RAN_OUT)]
-        # Several: the process's shared pool, at most max_concurrency of this judgement at a time.
-        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)
+        # ignores its timeout; one batch (the usual retrieval) takes the lighter hand-off.
         with reporting_queue_wait(plan.queue):  # each batch's copied context reports its waits here
-            futures = [
-                calls.submit(contextvars.copy_context().run, self._call_sync, request, budget)
-                for request in plan.requests
-            ]
+            runs = [partial(contextvars.copy_context().run, self._call_sync, each, budget) for each in plan.requests]
+        if len(runs) == 1:
+            return [call_within(runs[0], budget.remaining(), expired=_BUDGET_RAN_OUT)]
+        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)  # the shared pool, bounded
+        futures = [calls.submit(run) for run in runs]
         try:
             done, pending = concurrent.futures.wait(
                 futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION

@@ -97,9 +97,13 @@ class _Worker:
                 answer.result = run()
             except BaseException as error:  # handed to the caller, who raises it
                 answer.error = error
-            answer.done.release()
-            del run, answer  # nothing of a finished call is kept alive by an idle thread
+            del run  # nothing of a finished call is kept alive by an idle thread
+            # Idle first, then the answer: the caller, woken by it, finds this thread about to
+            # block rather than still holding the interpreter lock.
             _idle_workers.append(self)
+            done = answer.done
+            del answer
+            done.release()
 
 
 # Idle workers, last in first out (a warm thread answers); list.append / pop are atomic.

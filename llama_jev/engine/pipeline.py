@@ -95,7 +95,7 @@ def with_probability(node: NodeWithScore, probability: float) -> NodeWithScore:
             "excluded_embed_metadata_keys": _with_key(source.excluded_embed_metadata_keys),
         },
     )
-    return copy_with(node, {"node": copy})
+    return NodeWithScore(node=copy, score=node.score)  # validating two fields costs less than copying
 
 
 def _with_key(keys: list[str]) -> list[str]:

@@ -139,16 +139,18 @@ def _unencodable(state: Instructions, candidates: Sequence[Candidate]) -> Unenco
     string, and nothing reachable from our errors may hold query or node text.
     """
     query = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, default=str)
-    texts = [("the query", query)] + [
-        (f"candidate {candidate.id!r}", candidate.text) for candidate in candidates if isinstance(candidate, Candidate)
-    ]
-    for where, text in texts:
-        if isinstance(text, str) and not _encodes(text):
-            return UnencodableTextError(
-                f"{where} holds text that cannot be encoded as UTF-8 (a lone surrogate, typically from a "
-                "broken emoji escape); repair the text where it is decoded or ingested"
-            )
-    return None
+    where = "the query" if not _encodes(query) else None
+    for candidate in candidates:
+        if where is not None:
+            break
+        if isinstance(candidate, Candidate) and isinstance(candidate.text, str) and not _encodes(candidate.text):
+            where = f"candidate {candidate.id!r}"  # named only when it fails: the rest cost nothing
+    if where is None:
+        return None
+    return UnencodableTextError(
+        f"{where} holds text that cannot be encoded as UTF-8 (a lone surrogate, typically from a "
+        "broken emoji escape); repair the text where it is decoded or ingested"
+    )
 
 
 def _encodes(text: str) -> bool:

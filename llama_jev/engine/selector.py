@@ -14,6 +14,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from llama_jev.core.errors import (
@@ -24,6 +25,7 @@ from llama_jev.core.errors import (
     QueryTooLargeError,
     UnencodableTextError,
 )
+from llama_jev.core.models import copy_with
 from llama_jev.core.records import (
     DEFAULT_ACCEPT,
     DEFAULT_REJECT,
@@ -38,7 +40,7 @@ from llama_jev.core.records import (
 )
 from llama_jev.systemone.governor import QueueWait, reporting_queue_wait
 from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge, runs_in_process
-from llama_jev.systemone.threads import BoundedCalls
+from llama_jev.systemone.threads import BoundedCalls, call_within
 from llama_jev.systemone.wire import (
     Instructions,
     NoulAnswer,
@@ -75,6 +77,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("llama_jev.selector")
+_BUDGET_RAN_OUT = "the judgement budget ran out before every batch was answered"
 
 
 @dataclass(frozen=True)
@@ -209,10 +212,9 @@ class CandidateSelector:
             batch_ids: dict[str, str] = {}
             for index, candidate in enumerate(batch):
                 item = f"item_{index}"
-                # model_copy(update=...) sets the new value without validating it (it is a str).
-                questions[item] = template.model_copy(
-                    update={"instructions": {"question": question, "candidate": candidate.text}}
-                )
+                # The template with only the candidate changed, not validated: it is a checked str.
+                instructions = {"question": question, "candidate": candidate.text}
+                questions[item] = copy_with(template, {"instructions": instructions})
                 batch_ids[item] = candidate.id
             requests.append(SystemOneRequest.model_construct(state=state, questions=questions))
             ids.append(batch_ids)
@@ -400,14 +402,14 @@ class CandidateSelector:
         return self._sample(state, candidates, self.observe(ctx, self._finish(plan, budget, scores, model)))
 
     def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
-        # Batches run on the process's shared pool, even a single one, so the budget holds for a
-        # judge that ignores its timeout; at most max_concurrency of this judgement at a time.
-        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)
+        # Batches run on other threads, even a single one, so the budget holds for a judge that
+        # ignores its timeout; one batch (the usual retrieval) takes the lighter hand-off.
         with reporting_queue_wait(plan.queue):  # each batch's copied context reports its waits here
-            futures = [
-                calls.submit(contextvars.copy_context().run, self._call_sync, request, budget)
-                for request in plan.requests
-            ]
+            runs = [partial(contextvars.copy_context().run, self._call_sync, each, budget) for each in plan.requests]
+        if len(runs) == 1:
+            return [call_within(runs[0], budget.remaining(), expired=_BUDGET_RAN_OUT)]
+        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)  # the shared pool, bounded
+        futures = [calls.submit(run) for run in runs]
         try:
             done, pending = concurrent.futures.wait(
                 futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
@@ -418,7 +420,7 @@ class CandidateSelector:
             if future in done and future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
         if pending:
-            raise TimeoutError("the judgement budget ran out before every batch was answered")
+            raise TimeoutError(_BUDGET_RAN_OUT)
         return [future.result() for future in futures]
 
     def _call_sync(self, request: SystemOneRequest, budget: Budget) -> SystemOneResult:

@@ -5,23 +5,18 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
 from llama_jev.core.errors import JevInvalidResponseError
 from llama_jev.systemone.wire import (
-    Answer,
-    ChoiceAnswer,
     ChoiceQuestion,
     Instructions,
-    NoulAnswer,
     Question,
-    ScoreAnswer,
     ScoreQuestion,
     SystemOneRequest,
     SystemOneResult,
-    Usage,
     check_result,
 )
 
@@ -89,26 +84,27 @@ def answer_request(request: SystemOneRequest, answer: AnswerFunction, *, model: 
     misbehaving server would.
     """
     try:
-        answers: dict[str, Answer] = {
+        answers = {
             question_id: _make_answer(question, answer(request.state, question_id, question.instructions))
             for question_id, question in request.questions.items()
         }
-        result = SystemOneResult(model=model, answers=answers, usage=Usage(input_tokens=0, output_tokens=0))
+        # Validated in one call, as a server's JSON is, rather than one model per answer.
+        result = SystemOneResult.model_validate({"model": model, "answers": answers, "usage": _NOTHING_BILLED})
     except (ValidationError, TypeError, ValueError) as error:
         raise JevInvalidResponseError(f"the scripted answer is invalid: {_first_line(error)}") from None
     return check_result(request, result)
 
 
-def _make_answer(question: Question, value: ScriptedValue) -> Answer:
+def _make_answer(question: Question, value: ScriptedValue) -> dict[str, Any]:
     if isinstance(question, ChoiceQuestion):
         probabilities = _as_mapping(value, "choice")
         choice = max(probabilities, key=lambda option: probabilities[option])
-        return ChoiceAnswer(
-            type="choice",
-            choice=choice,
-            confidence=_choice_confidence(probabilities),
-            probabilities=dict(probabilities),
-        )
+        return {
+            "type": "choice",
+            "choice": choice,
+            "confidence": _choice_confidence(probabilities),
+            "probabilities": dict(probabilities),
+        }
     if isinstance(question, ScoreQuestion):
         if isinstance(value, Mapping):
             levels = {str(key): float(p) for key, p in value.items()}
@@ -118,12 +114,19 @@ def _make_answer(question: Question, value: ScriptedValue) -> Answer:
             raise TypeError("a score question needs per-level probabilities, not a number")
         score = math.fsum(int(level) * p for level, p in levels.items())
         legend = {str(index): level for index, level in enumerate(question.criteria)}
-        return ScoreAnswer(
-            type="score", score=score, confidence=_score_confidence(levels), legend=legend, probabilities=levels
-        )
+        return {
+            "type": "score",
+            "score": score,
+            "confidence": _score_confidence(levels),
+            "legend": legend,
+            "probabilities": levels,
+        }
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"a noul question needs a probability, got {type(value).__name__}")
-    return NoulAnswer(type="noul", noul=float(value))
+    return {"type": "noul", "noul": float(value)}
+
+
+_NOTHING_BILLED = {"input_tokens": 0, "output_tokens": 0}
 
 
 def _choice_confidence(probabilities: Mapping[str, float]) -> float:

@@ -3,6 +3,11 @@
 A judgement waits for its batches on other threads, even for a single batch, so its budget holds
 for a judge that ignores its timeout; starting a pool per judgement cost ~2 ms of thread start-up
 each time, so every judgement shares this one and bounds its own share with :class:`BoundedCalls`.
+
+A judgement of one batch (a retrieval's 20 candidates) takes the lighter road,
+:func:`call_within`: an idle worker thread woken by one lock and answering through another,
+instead of a pool's queue, two futures, a done callback and ``concurrent.futures.wait``'s
+condition variables; that hand-off was most of the wrapper's own cost per retrieval.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["EXECUTOR_THREADS", "BoundedCalls", "shared_executor"]
+__all__ = ["EXECUTOR_THREADS", "BoundedCalls", "call_within", "shared_executor"]
 
 EXECUTOR_THREADS = 64
 """Threads the shared pool may start; only as many as are busy at once are ever started."""
@@ -42,13 +47,112 @@ def shared_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 def _forget_executor() -> None:
     # A forked child has the parent's pool object but none of its threads.
-    global _shared_executor, _executor_lock
+    global _shared_executor, _executor_lock, _workers_lock, _worker_count
     _shared_executor = None
     _executor_lock = threading.Lock()
+    _idle_workers.clear()
+    _workers_lock = threading.Lock()
+    _worker_count = 0
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_executor)
+
+
+class _Answer:
+    """Where a worker leaves one call's outcome; ``done`` is held until it is there."""
+
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.result: object = None
+        self.error: BaseException | None = None
+
+
+class _Worker:
+    """A daemon thread running one call at a time, woken by releasing ``wake``.
+
+    Daemon, unlike a pool's threads: a judge that ignores its timeout must not hold the
+    interpreter's exit either.
+    """
+
+    __slots__ = ("task", "wake")
+
+    def __init__(self) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.task: tuple[Callable[[], object], _Answer] | None = None
+        threading.Thread(target=self._loop, name="llama-jev-judge-call", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self.wake.acquire()
+            task, self.task = self.task, None
+            assert task is not None  # set before every wake-up
+            run, answer = task
+            del task
+            try:
+                answer.result = run()
+            except BaseException as error:  # handed to the caller, who raises it
+                answer.error = error
+            del run  # nothing of a finished call is kept alive by an idle thread
+            # Idle first, then the answer: the caller, woken by it, finds this thread about to
+            # block rather than still holding the interpreter lock.
+            _idle_workers.append(self)
+            done = answer.done
+            del answer
+            done.release()
+
+
+# Idle workers, last in first out (a warm thread answers); list.append / pop are atomic.
+_idle_workers: list[_Worker] = []
+_workers_lock = threading.Lock()
+_worker_count = 0
+
+
+def _idle_worker() -> _Worker | None:
+    """An idle worker, a new one while fewer than :data:`EXECUTOR_THREADS` exist, else ``None``."""
+    global _worker_count
+    try:
+        return _idle_workers.pop()
+    except IndexError:
+        pass
+    with _workers_lock:
+        if _worker_count >= EXECUTOR_THREADS:
+            return None
+        _worker_count += 1
+    return _Worker()
+
+
+def call_within(run: Callable[[], T], timeout: float, *, expired: str = "no answer in time") -> T:
+    """``run()`` on another thread; its result or error, or ``TimeoutError(expired)`` after ``timeout`` seconds.
+
+    The caller returns at the timeout even if ``run`` never does (a judge that ignores its own
+    timeout): the call then finishes on its thread and its outcome is dropped. When every
+    worker is busy (:data:`EXECUTOR_THREADS` of them), the call waits in the shared pool's queue.
+
+    Example:
+        >>> call_within(lambda: 6 * 7, timeout=5.0)
+        42
+    """
+    worker = _idle_worker()
+    if worker is None:
+        future = shared_executor().submit(run)
+        try:
+            return future.result(timeout=max(timeout, 0.0))
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(expired) from None
+    answer = _Answer()
+    worker.task = (run, answer)
+    worker.wake.release()
+    if not answer.done.acquire(timeout=max(timeout, 0.0)):
+        raise TimeoutError(expired)
+    if answer.error is not None:
+        raise answer.error
+    return answer.result  # type: ignore[return-value]
 
 
 class BoundedCalls(Generic[T]):

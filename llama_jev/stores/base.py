@@ -7,7 +7,7 @@ import contextvars
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -15,10 +15,11 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
-from llama_jev.acl.rules import MetadataAcl
+from llama_jev.acl.rules import AclTerms, MetadataAcl
 from llama_jev.core.identity import RuntimeContext
 
 __all__ = [
+    "acl_metadata_filters",
     "KeyCensus",
     "Pushdown",
     "Seen",
@@ -72,6 +73,34 @@ def match_nothing(key: str) -> MetadataFilters:
         ],
         condition=FilterCondition.AND,
     )
+
+
+def acl_metadata_filters(
+    acl: MetadataAcl, ctx: RuntimeContext, grants: Callable[[AclTerms], list[MetadataFilter]]
+) -> MetadataFilters:
+    """``acl`` for ``ctx`` as LlamaIndex ``MetadataFilters``: ``tenant EQ`` AND an OR of the grants.
+
+    The shape every ``MetadataFilters`` dialect shares; ``grants`` writes the grant conditions in
+    the store's own operators from the caller's :class:`AclTerms`. A single grant joins the tenant
+    directly, grants without a tenant are one flat OR, and a caller who can match nothing gets
+    :func:`match_nothing`.
+    """
+    terms = acl.terms(ctx)
+    key = acl.tenant_key or acl.roles_key or acl.users_key or acl.public_key
+    assert key is not None  # MetadataAcl refuses an ACL without keys
+    if terms is None:
+        return match_nothing(key)
+    conditions: list[MetadataFilter | MetadataFilters] = []
+    if acl.tenant_key is not None and terms.tenant is not None:
+        conditions.append(MetadataFilter(key=acl.tenant_key, operator=FilterOperator.EQ, value=terms.tenant))
+    written = grants(terms)
+    if len(written) == 1:
+        conditions.append(written[0])
+    elif written and not conditions:
+        return MetadataFilters(filters=list(written), condition=FilterCondition.OR)
+    elif written:
+        conditions.append(MetadataFilters(filters=list(written), condition=FilterCondition.OR))
+    return MetadataFilters(filters=conditions, condition=FilterCondition.AND)
 
 
 def restrict_filters(retriever: BaseRetriever, upstream: BaseRetriever, restriction: MetadataFilters) -> None:

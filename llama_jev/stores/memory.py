@@ -14,12 +14,12 @@ from typing import ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.simple import SimpleVectorStore
-from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
 from llama_jev.acl.diagnostics import warn_malformed
-from llama_jev.acl.rules import MetadataAcl
+from llama_jev.acl.rules import AclTerms, MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, match_nothing, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, acl_metadata_filters, vector_store_of
 
 __all__ = ["MemoryPushdown", "simple_filters"]
 
@@ -46,15 +46,11 @@ def simple_filters(acl: MetadataAcl, ctx: RuntimeContext) -> MetadataFilters:
 
         retriever = index.as_retriever(similarity_top_k=20, filters=simple_filters(acl, ctx))
     """
-    _check_flat_expressible(acl)
-    terms = acl.terms(ctx)
-    key = acl.tenant_key or acl.roles_key or acl.users_key or acl.public_key
-    assert key is not None  # MetadataAcl refuses an ACL without keys
-    if terms is None:
-        return match_nothing(key)
-    conditions: list[MetadataFilter | MetadataFilters] = []
-    if acl.tenant_key is not None and terms.tenant is not None:
-        conditions.append(MetadataFilter(key=acl.tenant_key, operator=FilterOperator.EQ, value=terms.tenant))
+    _check_flat_expressible(acl)  # the tenant beside several grants would need a nested OR
+    return acl_metadata_filters(acl, ctx, lambda terms: _simple_grants(acl, terms))
+
+
+def _simple_grants(acl: MetadataAcl, terms: AclTerms) -> list[MetadataFilter]:
     grants: list[MetadataFilter] = []
     # This store's IN is `field in value` (never true for a list field); CONTAINS and ANY are
     # `value in field`, the list-membership test it needs.
@@ -69,12 +65,7 @@ def simple_filters(acl: MetadataAcl, ctx: RuntimeContext) -> MetadataFilters:
             for value in terms.public
             if not isinstance(value, bool)
         )
-    if len(grants) == 1:
-        conditions.append(grants[0])
-    elif grants:
-        # The grants alone (_check_flat_expressible refused them beside a tenant): one flat OR.
-        return MetadataFilters(filters=list(grants), condition=FilterCondition.OR)
-    return MetadataFilters(filters=conditions, condition=FilterCondition.AND)
+    return grants
 
 
 def _check_flat_expressible(acl: MetadataAcl) -> None:

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
-from llama_jev.acl.rules import MetadataAcl
+from llama_jev.acl.rules import AclTerms, MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, match_nothing, restrict_filters, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, acl_metadata_filters, restrict_filters, vector_store_of
 
 __all__ = ["QdrantPushdown", "is_qdrant", "qdrant_filters", "sync_only"]
 
@@ -47,14 +47,10 @@ def qdrant_filters(acl: MetadataAcl, ctx: RuntimeContext) -> MetadataFilters:
 
         retriever = index.as_retriever(similarity_top_k=20, filters=qdrant_filters(acl, ctx))
     """
-    terms = acl.terms(ctx)
-    key = acl.tenant_key or acl.roles_key or acl.users_key or acl.public_key
-    assert key is not None  # MetadataAcl refuses an ACL without keys
-    if terms is None:
-        return match_nothing(key)
-    conditions: list[MetadataFilter | MetadataFilters] = []
-    if acl.tenant_key is not None and terms.tenant is not None:
-        conditions.append(MetadataFilter(key=acl.tenant_key, operator=FilterOperator.EQ, value=terms.tenant))
+    return acl_metadata_filters(acl, ctx, lambda terms: _qdrant_grants(acl, terms))
+
+
+def _qdrant_grants(acl: MetadataAcl, terms: AclTerms) -> list[MetadataFilter]:
     grants: list[MetadataFilter] = []
     # Qdrant's IN becomes MatchAny, which on a list payload matches any element.
     if acl.users_key is not None and terms.user is not None:
@@ -63,13 +59,7 @@ def qdrant_filters(acl: MetadataAcl, ctx: RuntimeContext) -> MetadataFilters:
         grants.append(MetadataFilter(key=acl.roles_key, operator=FilterOperator.IN, value=list(terms.roles)))
     if acl.public_key is not None:
         grants.extend(_equals(acl.public_key, value) for value in terms.public)
-    if len(grants) == 1:
-        conditions.append(grants[0])
-    elif grants and not conditions:
-        return MetadataFilters(filters=list(grants), condition=FilterCondition.OR)
-    elif grants:
-        conditions.append(MetadataFilters(filters=list(grants), condition=FilterCondition.OR))
-    return MetadataFilters(filters=conditions, condition=FilterCondition.AND)
+    return grants
 
 
 def _equals(key: str, value: str | int | bool) -> MetadataFilter:

@@ -21,10 +21,12 @@ What it does:
    value products of the frozen matrices are computed once per pair; only the updates train.
 3. Trained: rank-8 updates of layer 9's six matrices (query, key, value, attention output,
    feed-forward in and out), its biases and layer norms, and the head; binary cross-entropy,
-   AdamW, one-cycle learning rate, batches of 16, seed 29.
+   AdamW, one-cycle learning rate, batches of 16, seed 29. ``--answer-weight`` and ``--old-weight``
+   weight the loss of ``pairs.jsonl``'s answers and of the two older sets' rows (default 1).
 4. Leave-one-domain-out: for each of the hard set's 13 domains a model is trained on the other
    12 and the two older sets, and scores the held-out domain; each domain's scores are mapped by
-   Platt's fit (tightened as in ``fit_local_judge.py``) on the other domains' held-out scores.
+   Platt's fit (tightened as in ``fit_local_judge.py``; ``--untightened``: as fitted) on the other
+   domains' held-out scores.
    These are the figures per kind (``benchmarks/hard_set.py``), as written and length-matched.
 5. The model trained on all pairs, its mapping fitted on all held-out scores of step 4, is written
    to ``benchmarks/trained/``: ``local_judge_delta.npz`` (the low-rank factors, biases and layer
@@ -64,7 +66,7 @@ from hard_set import (
     pad_key,
     per_kind,
 )
-from relevance_set import PAIRS
+from relevance_set import PAIRS, load_pairs
 
 from llama_jev.calibration import PlattMapping, fit_platt
 from llama_jev.local import fp32
@@ -272,6 +274,7 @@ def train(
     products: list[tuple[np.ndarray, np.ndarray]],
     labels: np.ndarray,
     rows: list[int],
+    weights: np.ndarray,
 ) -> tuple[ExitLayer, list[float]]:
     torch.manual_seed(SEED)
     generator = np.random.default_rng(SEED)
@@ -288,7 +291,8 @@ def train(
             chunk = [int(i) for i in order[start : start + BATCH]]
             z = model(*batches(states, products, chunk))
             y = torch.tensor(labels[chunk], dtype=torch.float32)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(z, y)
+            w = torch.tensor(weights[chunk], dtype=torch.float32)
+            loss = (torch.nn.functional.binary_cross_entropy_with_logits(z, y, reduction="none") * w).sum() / w.sum()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -299,9 +303,11 @@ def train(
     return model, curve
 
 
-def fitted_mapping(z: np.ndarray, y: np.ndarray) -> PlattMapping:
+def fitted_mapping(z: np.ndarray, y: np.ndarray, *, tightened: bool = True) -> PlattMapping:
     raw = [1 / (1 + math.exp(-value)) for value in z]
-    mapping, _ = tighten(fit_platt(raw, [bool(v) for v in y]), z, y)
+    mapping = fit_platt(raw, [bool(v) for v in y])
+    if tightened:
+        mapping, _ = tighten(mapping, z, y)
     return mapping
 
 
@@ -310,7 +316,7 @@ def mapped(mapping: PlattMapping, z: np.ndarray) -> list[float]:
 
 
 def lodo_tables(
-    items: Sequence[Row], hard: Sequence[HardPair], held_z: np.ndarray, labels: np.ndarray
+    items: Sequence[Row], hard: Sequence[HardPair], held_z: np.ndarray, labels: np.ndarray, *, tightened: bool = True
 ) -> dict[str, dict[str, dict[str, float | int]]]:
     """The per-kind figures of the held-out logits: each domain's logits through a mapping fitted on
     the other domains' held-out logits of the hard set (and its lengthened non-answers, when
@@ -322,7 +328,7 @@ def lodo_tables(
     for domain in sorted({pair.domain for pair in hard}):
         inside = [i for i, item in enumerate(items) if item.domain == domain]
         outside = [i for i in calibration_rows if items[i].domain != domain]
-        p[inside] = mapped(fitted_mapping(held_z[outside], labels[outside]), held_z[inside])
+        p[inside] = mapped(fitted_mapping(held_z[outside], labels[outside], tightened=tightened), held_z[inside])
     tables = {"as written": per_kind([float(p[i]) for i in hard_rows], hard)}
     if any(item.key.startswith("pad:") for item in items):
         matched = length_matched(hard, items)
@@ -341,11 +347,22 @@ def main() -> None:
     )
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--rank", type=int, default=RANK)
+    parser.add_argument(
+        "--answer-weight", type=float, default=1.0, help="loss weight of pairs.jsonl's answers (short, plain)"
+    )
+    parser.add_argument("--old-weight", type=float, default=1.0, help="loss weight of the two older sets' rows")
+    parser.add_argument("--untightened", action="store_true", help="Platt's mapping as fitted, not widened")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     started = time.monotonic()
     items, hard = fitting_rows(mixes=args.mixes), load_hard_pairs()
     labels = np.array([float(item.label) for item in items])
+    # Loss weights (--old-weight, --answer-weight); pairs.jsonl's rows come first (hard_set.fitting_rows),
+    # its answers short and plain.
+    weights = np.where([item.domain == "old" for item in items], args.old_weight, 1.0)
+    first = len(load_pairs(PAIRS))
+    weights[:first] = np.where(labels[:first] > 0, args.answer_weight, weights[:first])
     digest = hashlib.sha256(
         b"".join(path.read_bytes() for path in (PAIRS, PAIRS.parent / "generic_extra.jsonl", HARD_PAIRS))
     ).hexdigest() + (f"+mixes:{len(items)}" if args.mixes else "")
@@ -381,11 +398,11 @@ def main() -> None:
     held_z = np.zeros(len(items))
     curves: dict[str, list[float]] = {}
     for domain, fit_rows, out_rows in folds:
-        model, curve = train(args, base, head, states, products, labels, fit_rows)
+        model, curve = train(args, base, head, states, products, labels, fit_rows, weights)
         held_z[out_rows] = scores(model, states, products, out_rows)
         curves[domain] = curve
         print(f"{domain}: loss {curve}  ({time.monotonic() - started:.0f} s)", flush=True)
-    tables = lodo_tables(items, hard, held_z, labels)
+    tables = lodo_tables(items, hard, held_z, labels, tightened=not args.untightened)
     for name, table in tables.items():
         print(format_table({f"trained, leave-one-domain-out ({name})": table}), flush=True)
     lodo_minutes = (time.monotonic() - started) / 60
@@ -393,8 +410,8 @@ def main() -> None:
     if args.lodo_only:
         return
 
-    model, curve = train(args, base, head, states, products, labels, list(range(len(items))))
-    mapping = fitted_mapping(held_z[calibration_rows], labels[calibration_rows])
+    model, curve = train(args, base, head, states, products, labels, list(range(len(items))), weights)
+    mapping = fitted_mapping(held_z[calibration_rows], labels[calibration_rows], tightened=not args.untightened)
     delta = model.delta()
     path = args.out / Path(DELTA_ASSET).name
     np.savez(path, **delta)
@@ -418,6 +435,10 @@ def main() -> None:
             "trained": f"layer 9: rank-{args.rank} updates of its six matrices, its biases and layer norms; the head",
             "seed": SEED,
             "epochs": args.epochs,
+            "rank": args.rank,
+            "answer_weight": args.answer_weight,
+            "old_weight": args.old_weight,
+            "mapping_tightened": not args.untightened,
             "mixes": args.mixes,
             "batch": BATCH,
             "learning_rate": LEARNING_RATE,

@@ -67,7 +67,7 @@ SCENARIOS: dict[str, Callable[[SystemOneTestServer], None]] = {
     "mixed": lambda server: server.set_answer(marked_answer),
     "all_irrelevant": lambda server: server.set_answer(constant(0.03)),
     "all_uncertain": lambda server: server.set_answer(constant(0.5)),
-    "judge_timeout": lambda server: server.set_latency(1.0),
+    "judge_timeout": lambda server: server.set_latency(3.0),
     "judge_http_error": lambda server: server.inject_always(Fault.status(500)),
     "judge_invalid_response": lambda server: server.inject_always(Fault.probability(math.nan)),
     "upstream_error": lambda server: server.set_answer(marked_answer),
@@ -106,7 +106,7 @@ class Harness:
             timeout=2.0,
             retry=RetryPolicy(max_retries=1, initial_backoff=0.01, max_backoff=0.02),
         )
-        options = ExecutionOptions(mode=mode, budget=0.5, observer=lambda ctx, record: self.records.append(record))
+        options = ExecutionOptions(mode=mode, budget=1.5, observer=lambda ctx, record: self.records.append(record))
         inner = BrokenRetriever() if broken else self.index.as_retriever(similarity_top_k=TOP_K)
         return JevRetriever(inner, CandidateSelector(client, options), ACL, top_k=TOP_K)
 

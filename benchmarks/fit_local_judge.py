@@ -37,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from relevance_set import PAIRS, Pair, band, brier, expected_calibration_error, load_pairs, roc_auc
+from hard_set import figures
+from relevance_set import PAIRS, Pair, brier, expected_calibration_error, load_pairs, roc_auc
 
 from llama_jev.calibration import PlattMapping, fit_platt
 from llama_jev.local import FEATURES, LocalRelevanceJudge
@@ -134,15 +135,9 @@ def tighten(mapping: PlattMapping, z: np.ndarray, y: np.ndarray) -> tuple[PlattM
 
 
 def measures(probabilities: Sequence[float], labels: Sequence[bool]) -> dict[str, float | int]:
-    b = band(probabilities, labels, REJECT, ACCEPT)
+    """The hard set's figures (hard_set.figures) plus how well calibrated ``probabilities`` are."""
     return {
-        "pairs": len(labels),
-        "auc": round(roc_auc(probabilities, labels), 4),
-        "precision_at_0.8": round(b.precision, 4),
-        "selected": b.selected,
-        "npv_at_0.2": round(b.npv, 4),
-        "rejected": b.rejected,
-        "uncertain": round(b.uncertain, 4),
+        **figures(probabilities, labels),
         "ece": round(expected_calibration_error(probabilities, labels), 4),
         "brier": round(brier(probabilities, labels), 4),
     }

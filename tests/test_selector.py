@@ -157,6 +157,17 @@ def test_off_mode_asks_nothing_and_records_nothing() -> None:
     assert records.records == []
 
 
+def test_a_scripted_judge_that_keeps_no_requests_answers_the_same_and_says_it_has_none() -> None:
+    """``keep_requests=False`` (a demo server, a benchmark): no history growing the heap, the same answers."""
+    kept, unkept = ScriptedJudge(marked_answer), ScriptedJudge(marked_answer, keep_requests=False)
+    decisions = [selector(judge).select(QUERY, RELEVANCE_QUESTION, candidates(0.9, 0.1)) for judge in (kept, unkept)]
+
+    assert decisions[0].selection == decisions[1].selection
+    assert len(kept.requests) == 1
+    with pytest.raises(RuntimeError, match="keep_requests=False"):
+        unkept.requests  # noqa: B018 -- the property is what is tested
+
+
 # --- batching -------------------------------------------------------------------------------
 
 

@@ -169,25 +169,34 @@ class ScriptedJudge:
         0.9
 
     Every request received is kept in ``requests`` (thread-safe), so tests can assert what was
-    asked.
+    asked. A judge that answers without end (a demo server, a benchmark) passes
+    ``keep_requests=False``: kept requests grow the heap by about a hundred objects per request,
+    and Python's garbage collector then walks that growing heap on behalf of every later call.
     """
 
-    def __init__(self, answer: AnswerFunction, *, model: str = "scripted") -> None:
+    def __init__(self, answer: AnswerFunction, *, model: str = "scripted", keep_requests: bool = True) -> None:
         self._answer = answer
         self._model = model
         self._lock = threading.Lock()
-        self._requests: list[SystemOneRequest] = []
+        self._requests: list[SystemOneRequest] | None = [] if keep_requests else None
 
     @property
     def requests(self) -> list[SystemOneRequest]:
-        """A copy of the requests answered so far, oldest first."""
+        """A copy of the requests answered so far, oldest first.
+
+        Raises:
+            RuntimeError: the judge was made with ``keep_requests=False``, so it has none to show.
+        """
+        if self._requests is None:
+            raise RuntimeError("this ScriptedJudge keeps no requests (keep_requests=False); make it without that")
         with self._lock:
             return list(self._requests)
 
     def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
         """Answer ``request`` from the script (``timeout`` is accepted and unused: no I/O)."""
-        with self._lock:
-            self._requests.append(request)
+        if self._requests is not None:
+            with self._lock:
+                self._requests.append(request)
         return answer_request(request, self._answer, model=self._model)
 
     async def asystem_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:

@@ -15,11 +15,14 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload, LlamaDebugHandler
 from llama_index.core.chat_engine import CondensePlusContextChatEngine
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
+from llama_index.core.instrumentation.span import SimpleSpan
+from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.llms import MockLLM
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -283,6 +286,86 @@ async def test_recall_expansion_per_mode(
     assert len(sync_nodes) == len(async_nodes) == 5
     assert [len(r.json["questions"]) for r in jev_server.requests] == [judged] * (2 if judged else 0)  # type: ignore[index]
     assert inner.similarity_top_k == 5  # the caller's retriever is never mutated
+
+
+class SpanCollector(BaseSpanHandler[SimpleSpan]):
+    """Records the id of every span entered (``JevRetriever.retrieve-<uuid>``, ...)."""
+
+    entered: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SpanCollector"
+
+    def new_span(
+        self,
+        id_: str,
+        bound_args: Any,
+        instance: Any = None,
+        parent_span_id: str | None = None,
+        tags: Any = None,
+        **kwargs: Any,
+    ) -> SimpleSpan:
+        self.entered.append(id_)
+        return SimpleSpan(id_=id_, parent_id=parent_span_id, tags=tags or {})
+
+    def prepare_to_exit_span(
+        self, id_: str, bound_args: Any, instance: Any = None, result: Any = None, **kwargs: Any
+    ) -> SimpleSpan | None:
+        return None
+
+    def prepare_to_drop_span(
+        self, id_: str, bound_args: Any, instance: Any = None, err: BaseException | None = None, **kwargs: Any
+    ) -> SimpleSpan | None:
+        return None
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_handler_added_later_hears_the_retriever_that_nobody_heard_before(use_async: bool) -> None:
+    """With nobody listening the retriever skips LlamaIndex's span and events around itself (a
+    cost for no one); the moment a span or event handler is added, both are there again."""
+    retriever = JevRetriever(
+        memory_index(MANY).as_retriever(similarity_top_k=5), selector(ScriptedJudge(lambda *a: 0.9)), ACL, top_k=2
+    )
+
+    async def retrieve() -> list[NodeWithScore]:
+        with runtime_context(ALICE):
+            return await retriever.aretrieve(QUERY) if use_async else retriever.retrieve(QUERY)
+
+    unheard = await retrieve()
+    root = get_dispatcher()
+    events, spans = EventCollector(), SpanCollector()
+    root.add_event_handler(events)
+    root.add_span_handler(spans)
+    try:
+        heard = await retrieve()
+    finally:
+        root.event_handlers.remove(events)
+        root.span_handlers.remove(spans)
+
+    assert [n.node.node_id for n in unheard] == [n.node.node_id for n in heard]
+    assert len(heard) == 2
+    method = "aretrieve" if use_async else "retrieve"
+    ours = [id_.rsplit("-", 5)[0] for id_ in spans.entered if id_.startswith("JevRetriever.")]
+    assert ours == [f"JevRetriever.{method}", "JevRetriever.judge"]
+    ends = [len(e.nodes) for e in events.events if isinstance(e, RetrievalEndEvent)]
+    assert ends == [20, 2]  # the wrapped retriever's, then ours
+
+
+def test_a_legacy_callback_handler_still_gets_the_retrievers_retrieve_event() -> None:
+    debug = LlamaDebugHandler()
+    inner = memory_index(MANY).as_retriever(similarity_top_k=5)
+    retriever = JevRetriever(
+        inner, selector(ScriptedJudge(lambda *a: 0.9)), ACL, top_k=2, callback_manager=CallbackManager([debug])
+    )
+    with runtime_context(ALICE):
+        nodes = retriever.retrieve(QUERY)
+
+    pairs = debug.get_event_pairs(CBEventType.RETRIEVE)
+    assert len(nodes) == 2
+    assert [len(end.payload[EventPayload.NODES]) for _, end in pairs] == [
+        2
+    ]  # ours (the wrapped one has its own manager)
 
 
 async def test_concurrent_queries_with_different_k_do_not_interfere(jev_server: SystemOneTestServer) -> None:

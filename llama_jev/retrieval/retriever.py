@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from llama_index.core.base import base_retriever
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.indices.base import BaseIndex
@@ -22,12 +23,15 @@ from llama_jev.acl.rules import Acl, MetadataAcl
 from llama_jev.core.context import RuntimeContext, bind_if_given
 from llama_jev.core.records import Mode
 from llama_jev.engine.pipeline import JudgedRetrieval, check_query
+from llama_jev.engine.rerank import listening
 from llama_jev.engine.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
 from llama_jev.stores import KeyCensus
 
 __all__ = ["JevRetriever"]
 
 dispatcher = get_dispatcher(__name__)
+# The dispatcher BaseRetriever.retrieve reports to (its module's): who listens there hears the retriever.
+_base_dispatcher = get_dispatcher(base_retriever.__name__)
 logger = logging.getLogger(__name__)
 _TOP_K_ATTRIBUTE = "similarity_top_k"
 # Keyword arguments VectorIndexRetriever takes through **kwargs rather than by name.
@@ -207,13 +211,28 @@ class JevRetriever(BaseRetriever):
     def retrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Retrieve for the bound identity, or for ``ctx`` when given."""
         with bind_if_given(ctx):
-            return super().retrieve(str_or_query_bundle)
+            if self._traced():
+                return super().retrieve(str_or_query_bundle)
+            return self._retrieve(_bundle(str_or_query_bundle))
 
     @_no_own_span
     async def aretrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Async :meth:`retrieve`."""
         with bind_if_given(ctx):
-            return await super().aretrieve(str_or_query_bundle)
+            if self._traced():
+                return await super().aretrieve(str_or_query_bundle)
+            return await self._aretrieve(_bundle(str_or_query_bundle))
+
+    def _traced(self) -> bool:
+        """Whether anyone hears this retriever's span, events or callbacks.
+
+        When nobody does, ``BaseRetriever.retrieve``'s span, its start and end events and its
+        callback trace would be built for no one: they were most of what this layer cost in OFF
+        (a signature bound, four uuid4s, two validated events per retrieval). The wrapped
+        retriever keeps its own, as without llama_jev.
+        """
+        spans, events = listening(_base_dispatcher)
+        return spans or events or bool(getattr(self, "callback_manager", None) and self.callback_manager.handlers)
 
     @_no_own_span
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
@@ -317,6 +336,11 @@ def _check_retriever_kwargs(index: BaseIndex[Any], retriever: BaseRetriever, kwa
             f"{type(index).__name__}.as_retriever / {type(retriever).__name__} do not take; "
             f"known: {', '.join(sorted(known - {'self', 'index'}))}"
         )
+
+
+def _bundle(query: QueryType) -> QueryBundle:
+    # What BaseRetriever.retrieve makes of its argument.
+    return QueryBundle(query) if isinstance(query, str) else query
 
 
 def _top_k_of(retriever: BaseRetriever) -> int | None:

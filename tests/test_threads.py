@@ -7,7 +7,7 @@ import threading
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from llama_jev.core.models import copy_with
+from llama_jev.core.models import copies_with, copy_with
 from llama_jev.engine.pipeline import PROBABILITY_KEY, with_probability
 from llama_jev.systemone import threads
 from llama_jev.systemone.threads import call_within
@@ -69,6 +69,21 @@ def test_copy_with_is_model_copy_with_an_update() -> None:
     assert node.excluded_llm_metadata_keys == ["k"]
     question = NoulQuestion(instructions={"question": "q", "candidate": ""})
     assert copy_with(question, {"instructions": "c"}) == question.model_copy(update={"instructions": "c"})
+
+
+def test_copies_with_are_copy_with_each_value() -> None:
+    question = NoulQuestion(instructions={"question": "q", "candidate": ""})
+    values = [{"question": "q", "candidate": text} for text in ("a", "b")]
+    copies = copies_with(question, "instructions", values)
+    assert copies == [question.model_copy(update={"instructions": value}) for value in values]
+    assert [c.__pydantic_fields_set__ for c in copies] == [{"instructions"}] * 2
+    # A mutable model's copies do not share the set an assignment adds to.
+    node = TextNode(id_="a", text="x")
+    first, second = copies_with(node, "text", ["y", "z"])
+    first.metadata = {"k": 1}
+    assert "metadata" in first.__pydantic_fields_set__
+    assert "metadata" not in second.__pydantic_fields_set__
+    assert (first.text, second.text, node.text) == ("y", "z", "x")
 
 
 def test_with_probability_leaves_the_shared_node_untouched() -> None:

@@ -7,12 +7,13 @@ shared node) and builds a question per candidate; ``model_copy(update=...)`` dis
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-__all__ = ["copy_with"]
+__all__ = ["copies_with", "copy_with"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -45,3 +46,33 @@ def copy_with(model: M, update: dict[str, Any]) -> M:
         None if private is None else {k: v for k, v in private.items() if v is not PydanticUndefined},
     )
     return copy
+
+
+def copies_with(template: M, field: str, values: Iterable[Any]) -> list[M]:
+    """``[copy_with(template, {field: value}) for value in values]``, the shared work done once.
+
+    Copies of a frozen model share one ``__pydantic_fields_set__`` (nothing can add to it); a
+    mutable model's copies get their own.
+
+    Example:
+        >>> from llama_jev.systemone import NoulQuestion
+        >>> [q.instructions for q in copies_with(NoulQuestion(instructions="a"), "instructions", ["b", "c"])]
+        ['b', 'c']
+    """
+    cls = type(template)
+    if cls.model_config.get("extra") == "allow" or template.__pydantic_extra__ or template.__pydantic_private__:
+        return [copy_with(template, {field: value}) for value in values]
+    base = template.__dict__
+    fields_set = template.__pydantic_fields_set__ | {field}
+    shared = cls.model_config.get("frozen") is True
+    copies = []
+    for value in values:
+        copy = cls.__new__(cls)
+        fields = base.copy()
+        fields[field] = value
+        _set(copy, "__dict__", fields)
+        _set(copy, "__pydantic_extra__", None)
+        _set(copy, "__pydantic_fields_set__", fields_set if shared else set(fields_set))
+        _set(copy, "__pydantic_private__", None)
+        copies.append(copy)
+    return copies

@@ -40,7 +40,8 @@ class Candidate:
 
 def estimate_tokens(text: str) -> int:
     """A conservative token count: one token per 3 UTF-8 bytes (English runs about 4 per token)."""
-    return len(text.encode("utf-8")) // 3 + 1
+    # An ASCII string's UTF-8 bytes are its characters (isascii is a flag read, not a scan).
+    return (len(text) if text.isascii() else len(text.encode("utf-8"))) // 3 + 1
 
 
 def plan_batches(
@@ -154,6 +155,8 @@ def _unencodable(state: Instructions, candidates: Sequence[Candidate]) -> Unenco
 
 
 def _encodes(text: str) -> bool:
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -13,9 +13,9 @@ import contextvars
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llama_jev.core.errors import (
     CandidateTooLargeError,
@@ -25,7 +25,7 @@ from llama_jev.core.errors import (
     QueryTooLargeError,
     UnencodableTextError,
 )
-from llama_jev.core.models import copy_with
+from llama_jev.core.models import copies_with
 from llama_jev.core.records import (
     DEFAULT_ACCEPT,
     DEFAULT_REJECT,
@@ -177,7 +177,8 @@ class CandidateSelector:
 
     # --- the shared steps -----------------------------------------------------------------
 
-    def _plan(self, state: Instructions, question: str, candidates: Sequence[Candidate]) -> _Plan:
+    def _plan(self, state: Instructions, question: str, candidates: Sequence[Candidate], **context: Any) -> _Plan:
+        """The requests for ``candidates``; ``context`` is what the record says around them (see _Plan)."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be a non-blank string")
         if len(candidates) > MAX_CANDIDATES:
@@ -208,17 +209,15 @@ class CandidateSelector:
         template = NoulQuestion(instructions={"question": question, "candidate": ""})
         requests, ids = [], []
         for batch in batches:
-            questions: dict[str, Question] = {}
-            batch_ids: dict[str, str] = {}
-            for index, candidate in enumerate(batch):
-                item = f"item_{index}"
-                # The template with only the candidate changed, not validated: it is a checked str.
-                instructions = {"question": question, "candidate": candidate.text}
-                questions[item] = copy_with(template, {"instructions": instructions})
-                batch_ids[item] = candidate.id
+            items = [f"item_{index}" for index in range(len(batch))]
+            # The template with only the candidate changed, not validated: each is a checked str.
+            asked = copies_with(
+                template, "instructions", [{"question": question, "candidate": candidate.text} for candidate in batch]
+            )
+            questions: dict[str, Question] = dict(zip(items, asked, strict=True))
             requests.append(SystemOneRequest.model_construct(state=state, questions=questions))
-            ids.append(batch_ids)
-        return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates))
+            ids.append({item: candidate.id for item, candidate in zip(items, batch, strict=True)})
+        return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates), **context)
 
     def _record(
         self,
@@ -314,12 +313,8 @@ class CandidateSelector:
         try:
             unsendable = _unencodable(state, candidates)
             if unsendable is None:
-                plan = replace(
-                    self._plan(state, question, candidates),
-                    retrieved=retrieved,
-                    denied=denied,
-                    pushdown=pushdown,
-                    query_key=key,
+                plan = self._plan(
+                    state, question, candidates, retrieved=retrieved, denied=denied, pushdown=pushdown, query_key=key
                 )
         except (CandidateTooLargeError, QueryTooLargeError) as error:
             unsendable = error

@@ -187,7 +187,7 @@ def zero_latency_judge() -> ScriptedJudge:
     """A judge answering 0.9 to everything, keeping no requests.
 
     Kept requests would grow the heap each call, and the garbage collector's passes over it
-    (~0.2 ms per call on average here) would be billed to the wrapper. Versions before 0.2.1
+    (~0.2 ms per call on average here) would be billed to the wrapper. Version 0.2.0 and older
     (``--against``) cannot drop them.
     """
     try:

@@ -24,7 +24,7 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.observability.otel.base import OTelCompatibleEventHandler, OTelCompatibleSpanHandler
 from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -289,6 +289,61 @@ def test_the_decision_is_written_as_llama_jev_attributes(
     assert attributes["llama_jev.requests"] == 1
     assert attributes["llama_jev.model"] == MODEL
     assert len(str(attributes["llama_jev.decision_id"])) == 32
+
+
+_global_spans: InMemorySpanExporter | None = None
+
+
+def global_span_exporter() -> InMemorySpanExporter:
+    """The process's tracer provider (what Phoenix's ``register()`` sets), set once, exporting to memory."""
+    global _global_spans
+    if _global_spans is None:
+        _global_spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_global_spans))
+        trace.set_tracer_provider(provider)
+    _global_spans.clear()
+    return _global_spans
+
+
+def test_a_reranker_span_full_of_documents_keeps_the_decision_in_a_child_span(server: SystemOneTestServer) -> None:
+    """OpenInference writes four attributes per document when the RERANKER span ends; 20 in and 20
+    out pass the SDK's default limit of 128 and the oldest (ours) are dropped. The decision also goes
+    on a child span of its own, ``llama_jev.decision``, which nothing crowds out."""
+    memory = global_span_exporter()
+    instrumentor = LlamaIndexInstrumentor()
+    instrumentor.instrument(tracer_provider=trace.get_tracer_provider())
+    nodes = [
+        TextNode(id_=f"d{i}", text=marked(0.9, f"refund rule {i}"), metadata={"tenant": "acme"}) for i in range(24)
+    ]
+    index = VectorStoreIndex(nodes, embed_model=HashEmbedding(dimensions=32))
+    selector = CandidateSelector(client(server), ExecutionOptions(mode=Mode.ENFORCE))
+    retriever = JevRetriever(
+        index.as_retriever(similarity_top_k=20),
+        selector,
+        MetadataAcl(tenant_key="tenant"),
+        candidate_limit=20,
+        top_k=20,
+    )
+    try:
+        with runtime_context(CTX):
+            returned = retriever.retrieve(SECRET_QUERY)
+    finally:
+        instrumentor.uninstrument()
+
+    (reranker,) = rerankers(memory)
+    (decision,) = [span for span in memory.get_finished_spans() if span.name == "llama_jev.decision"]
+    attributes = decision.attributes or {}
+    assert len(returned) == 20
+    assert decision.parent is not None
+    assert decision.parent.span_id == reranker.context.span_id
+    assert (attributes["llama_jev.mode"], attributes["llama_jev.status"], attributes["llama_jev.selected"]) == (
+        "enforce",
+        "decided",
+        20,
+    )
+    assert attributes["llama_jev.candidates"] == 20
+    assert all(key.startswith("llama_jev.") for key in attributes)
 
 
 def test_off_is_described_on_the_retrievers_span_with_no_reranker(

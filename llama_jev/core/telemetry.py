@@ -23,9 +23,11 @@ __all__ = [
     "CLIENT_RATE_LIMITED",
     "CLIENT_RETRIES",
     "DECISIONS",
+    "DECISION_SPAN",
     "JUDGEMENT_DURATION",
     "METER_NAME",
     "OUTCOMES",
+    "TRACER_NAME",
     "count_rate_limited",
     "count_retry",
     "decision_attributes",
@@ -34,6 +36,10 @@ __all__ = [
 ]
 
 METER_NAME = "llama_jev"
+TRACER_NAME = "llama_jev"
+DECISION_SPAN = "llama_jev.decision"
+"""A span of its own holding the ``llama_jev.*`` attributes, a child of the traced judgement (see
+:func:`observe_decision`)."""
 ATTRIBUTE_PREFIX = "llama_jev."
 
 DECISIONS = "llama_jev.decisions"
@@ -65,6 +71,7 @@ class _Instruments:
         from opentelemetry import metrics, trace
 
         self.current_span = trace.get_current_span
+        self.tracer = trace.get_tracer(TRACER_NAME)
         meter = metrics.get_meter(METER_NAME)
         self.decisions = meter.create_counter(DECISIONS, unit="{decision}", description=DECISIONS_DESCRIPTION)
         self.duration = meter.create_histogram(JUDGEMENT_DURATION, unit="s", description=DURATION_DESCRIPTION)
@@ -160,11 +167,17 @@ def decision_attributes(record: DecisionRecord) -> dict[str, Any]:
     return attributes
 
 
-def observe_decision(record: DecisionRecord, failure: Mapping[str, Any] | None = None) -> None:
+def observe_decision(
+    record: DecisionRecord, failure: Mapping[str, Any] | None = None, *, crowded: bool = False
+) -> None:
     """Count one judgement and write its ``llama_jev.*`` attributes on the current span.
 
     ``failure`` adds what a failed judgement can tell (``error_type``, ``status_code``,
-    ``retryable``), written as ``llama_jev.error_type`` and so on.
+    ``retryable``), written as ``llama_jev.error_type`` and so on. ``crowded``: the current span
+    is a LlamaIndex handler's, which writes every document into it when it ends; a span keeps
+    128 attributes by default and drops the oldest (ours) beyond, which OpenInference reaches
+    with 16 candidates. The attributes then also go on a child span, :data:`DECISION_SPAN`, that
+    holds nothing else.
     """
     instruments = _telemetry()
     if instruments is None:
@@ -182,6 +195,8 @@ def observe_decision(record: DecisionRecord, failure: Mapping[str, Any] | None =
         if failure:
             attributes.update({f"llama_jev.{name}": value for name, value in failure.items() if value is not None})
         span.set_attributes(attributes)
+        if crowded:
+            instruments.tracer.start_span(DECISION_SPAN, attributes=attributes).end()
 
 
 def observe_unjudged(mode: Mode, retrieved: int, denied: int, pushdown: bool) -> None:

@@ -210,9 +210,10 @@ class JudgedRetrieval:
     def _apply(self, authorized: list[NodeWithScore], decision: Decision, limit: int | None) -> list[NodeWithScore]:
         failure = describe_failure(decision) if decision.status is Status.ERROR else None
         if decision.record is not None:
-            if listening(dispatcher)[1]:
+            spans, events = listening(dispatcher)
+            if events:
                 dispatcher.event(JevDecisionEvent(record=decision.record))
-            observe_decision(decision.record, failure.facts() if failure is not None else None)
+            observe_decision(decision.record, failure.facts() if failure is not None else None, crowded=spans)
         if failure is not None:
             if self.mode is Mode.SHADOW:
                 # SHADOW serves as if OFF; without this line a judge failing on every call (a

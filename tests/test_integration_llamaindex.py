@@ -320,10 +320,22 @@ class SpanCollector(BaseSpanHandler[SimpleSpan]):
         return None
 
 
+@pytest.mark.parametrize("heard_by", ["spans", "events"])
 @pytest.mark.parametrize("use_async", [False, True])
-async def test_a_handler_added_later_hears_the_retriever_that_nobody_heard_before(use_async: bool) -> None:
+async def test_a_handler_added_later_hears_the_retriever_that_nobody_heard_before(
+    use_async: bool, heard_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With nobody listening the retriever skips LlamaIndex's span and events around itself (a
-    cost for no one); the moment a span or event handler is added, both are there again."""
+    cost for no one); the moment a span handler or an event handler is added, they are there again."""
+    method = "aretrieve" if use_async else "retrieve"
+    through_base: list[str] = []
+    original = getattr(BaseRetriever, method)
+
+    def counted(self: BaseRetriever, *args: Any, **kwargs: Any) -> Any:
+        through_base.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BaseRetriever, method, counted)
     retriever = JevRetriever(
         memory_index(MANY).as_retriever(similarity_top_k=5), selector(ScriptedJudge(lambda *a: 0.9)), ACL, top_k=2
     )
@@ -333,23 +345,30 @@ async def test_a_handler_added_later_hears_the_retriever_that_nobody_heard_befor
             return await retriever.aretrieve(QUERY) if use_async else retriever.retrieve(QUERY)
 
     unheard = await retrieve()
+    assert through_base == ["VectorIndexRetriever"]  # ours skipped LlamaIndex's layer: nobody listens
     root = get_dispatcher()
     events, spans = EventCollector(), SpanCollector()
-    root.add_event_handler(events)
-    root.add_span_handler(spans)
+    if heard_by == "spans":
+        root.add_span_handler(spans)
+    else:
+        root.add_event_handler(events)
     try:
         heard = await retrieve()
     finally:
-        root.event_handlers.remove(events)
-        root.span_handlers.remove(spans)
+        if heard_by == "spans":
+            root.span_handlers.remove(spans)
+        else:
+            root.event_handlers.remove(events)
 
+    assert through_base[1:] == ["JevRetriever", "VectorIndexRetriever"]
     assert [n.node.node_id for n in unheard] == [n.node.node_id for n in heard]
     assert len(heard) == 2
-    method = "aretrieve" if use_async else "retrieve"
-    ours = [id_.rsplit("-", 5)[0] for id_ in spans.entered if id_.startswith("JevRetriever.")]
-    assert ours == [f"JevRetriever.{method}", "JevRetriever.judge"]
-    ends = [len(e.nodes) for e in events.events if isinstance(e, RetrievalEndEvent)]
-    assert ends == [20, 2]  # the wrapped retriever's, then ours
+    if heard_by == "spans":
+        ours = [id_.rsplit("-", 5)[0] for id_ in spans.entered if id_.startswith("JevRetriever.")]
+        assert ours == [f"JevRetriever.{method}", "JevRetriever.judge"]
+    else:
+        ends = [len(e.nodes) for e in events.events if isinstance(e, RetrievalEndEvent)]
+        assert ends == [20, 2]  # the wrapped retriever's, then ours
 
 
 def test_a_legacy_callback_handler_still_gets_the_retrievers_retrieve_event() -> None:

@@ -344,6 +344,8 @@ def test_a_reranker_span_full_of_documents_keeps_the_decision_in_a_child_span(se
     )
     assert attributes["llama_jev.candidates"] == 20
     assert all(key.startswith("llama_jev.") for key in attributes)
+    planted = (SECRET_QUERY, SECRET_USER, SECRET_SESSION, SECRET_ROLE, "refund rule")
+    assert not [value for value in attributes.values() for secret in planted if secret in str(value)]
 
 
 def test_off_is_described_on_the_retrievers_span_with_no_reranker(

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
+from pydantic import BaseModel, PrivateAttr
 
 from llama_jev.core.models import copies_with, copy_with
 from llama_jev.engine.pipeline import PROBABILITY_KEY, with_probability
@@ -84,6 +85,17 @@ def test_copies_with_are_copy_with_each_value() -> None:
     assert "metadata" in first.__pydantic_fields_set__
     assert "metadata" not in second.__pydantic_fields_set__
     assert (first.text, second.text, node.text) == ("y", "z", "x")
+
+
+def test_copies_with_keep_private_attributes_as_model_copy_does() -> None:
+    class Held(BaseModel):
+        value: str
+        _count: int = PrivateAttr()  # no default: pydantic keeps an empty private dict
+
+    held = Held(value="a")
+    (copied,) = copies_with(held, "value", ["b"])
+    assert copied == held.model_copy(update={"value": "b"})
+    assert not hasattr(copied, "_count")
 
 
 def test_with_probability_leaves_the_shared_node_untouched() -> None:

@@ -60,7 +60,11 @@ def copies_with(template: M, field: str, values: Iterable[Any]) -> list[M]:
         ['b', 'c']
     """
     cls = type(template)
-    if cls.model_config.get("extra") == "allow" or template.__pydantic_extra__ or template.__pydantic_private__:
+    if (
+        cls.model_config.get("extra") == "allow"
+        or template.__pydantic_extra__ is not None
+        or template.__pydantic_private__ is not None
+    ):
         return [copy_with(template, {field: value}) for value in values]
     base = template.__dict__
     fields_set = template.__pydantic_fields_set__ | {field}

@@ -213,7 +213,8 @@ class JevRetriever(BaseRetriever):
         with bind_if_given(ctx):
             if self._traced():
                 return super().retrieve(str_or_query_bundle)
-            return self._retrieve(_bundle(str_or_query_bundle))
+            bundle = _bundle(str_or_query_bundle)
+            return self._handle_recursive_retrieval(bundle, self._retrieve(bundle))
 
     @_no_own_span
     async def aretrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
@@ -221,7 +222,8 @@ class JevRetriever(BaseRetriever):
         with bind_if_given(ctx):
             if self._traced():
                 return await super().aretrieve(str_or_query_bundle)
-            return await self._aretrieve(_bundle(str_or_query_bundle))
+            bundle = _bundle(str_or_query_bundle)
+            return await self._ahandle_recursive_retrieval(bundle, await self._aretrieve(bundle))
 
     def _traced(self) -> bool:
         """Whether anyone hears this retriever's span, events or callbacks.

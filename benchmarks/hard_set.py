@@ -27,6 +27,7 @@ NPV at 0.2 and the uncertain share are the selector's figures had the candidates
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -160,8 +161,24 @@ class Row:
     label: bool
 
 
-def fitting_rows(*, mixes: bool = False) -> list[Row]:
+def first_sentence(passage: str) -> str | None:
+    """A passage's first sentence (ended by ``.``, ``;``, ``!`` or ``?``; a ``;`` becomes a full stop)
+    when the passage has more than one and it has at least six words, else ``None``."""
+    sentences = re.split(r"(?<=[.;!?])\s+", passage.strip())
+    if len(sentences) < 2 or len(sentences[0].split()) < 6:
+        return None
+    first = sentences[0]
+    return first[:-1] + "." if first.endswith(";") else first
+
+
+def fitting_rows(*, mixes: bool = False, shorts: bool = False) -> list[Row]:
     """The older sets (``pairs.jsonl``, ``generic_extra.jsonl``: domain ``old``), then the hard set.
+
+    ``shorts`` adds, per short answer or paraphrase of the hard set, its first sentence alone (key
+    ``short:``, label 1, the domain's own): the written answers are longer than the non-answers (28
+    words against 16), so without short answers a judge learns that a short passage does not answer
+    (the first candidate rated "Orders arrive within three to five business days." 0.34 for "How
+    long does shipping take?"); the first sentences average 15 words, as the non-answers do.
 
     ``mixes`` adds, per hard query, longer passages made of its domain's short passages (keys
     ``mix:`` and ``pad:``, the domain's own, so a fold that holds the domain out holds them out
@@ -176,6 +193,11 @@ def fitting_rows(*, mixes: bool = False) -> list[Row]:
     ]
     hard = load_hard_pairs()
     rows = old + [Row(f"hard:{p.id}", p.domain, p.query, p.passage, p.label) for p in hard]
+    if shorts:
+        for pair in hard:
+            first = None if not pair.label or pair.long else first_sentence(pair.passage)
+            if first is not None:
+                rows.append(Row(f"short:{pair.id}", pair.domain, pair.query, first, True))
     if not mixes:
         return rows
     short = [p for p in hard if not p.long]

@@ -356,6 +356,9 @@ def main() -> None:
         "--shorts", action="store_true", help="add the first sentence of each short answer (hard_set.fitting_rows)"
     )
     parser.add_argument(
+        "--sections", action="store_true", help="add long sections with and without the answer (hard_set.fitting_rows)"
+    )
+    parser.add_argument(
         "--anchor",
         type=float,
         default=0.0,
@@ -366,7 +369,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    items, hard = fitting_rows(mixes=args.mixes, shorts=args.shorts), load_hard_pairs()
+    items, hard = fitting_rows(mixes=args.mixes, shorts=args.shorts, sections=args.sections), load_hard_pairs()
     labels = np.array([float(item.label) for item in items])
     # Loss weights (--old-weight, --answer-weight); pairs.jsonl's rows come first (hard_set.fitting_rows),
     # its answers short and plain.
@@ -379,6 +382,7 @@ def main() -> None:
         ).hexdigest()
         + (f"+mixes:{len(items)}" if args.mixes else "")
         + ("+shorts" if args.shorts else "")
+        + ("+sections" if args.sections else "")
     )
     if args.cache.exists() and str(np.load(args.cache)["digest"]) == digest:
         cached = np.load(args.cache)
@@ -464,6 +468,7 @@ def main() -> None:
             "mapping_tightened": not args.untightened,
             "mixes": args.mixes,
             "shorts": args.shorts,
+            "sections": args.sections,
             "anchor": args.anchor,
             "batch": BATCH,
             "learning_rate": LEARNING_RATE,

@@ -27,9 +27,11 @@ def test_the_hard_set_covers_every_kind_for_every_query_over_at_least_12_domains
     assert max(Counter(normalised(pair.passage) for pair in pairs).values()) == 1
 
 
-@pytest.mark.parametrize(("mixes", "shorts"), [(False, False), (True, False), (True, True)])
-def test_no_query_or_passage_of_a_held_out_domain_is_in_its_fit(mixes: bool, shorts: bool) -> None:
-    rows = fitting_rows(mixes=mixes, shorts=shorts)
+@pytest.mark.parametrize(
+    ("mixes", "shorts", "sections"), [(False, False, False), (True, False, False), (True, True, True)]
+)
+def test_no_query_or_passage_of_a_held_out_domain_is_in_its_fit(mixes: bool, shorts: bool, sections: bool) -> None:
+    rows = fitting_rows(mixes=mixes, shorts=shorts, sections=sections)
     folds = lodo_folds(rows)
 
     assert len(folds) == len({pair.domain for pair in load_hard_pairs()})

@@ -12,7 +12,9 @@ What it does:
    ONNX file, dequantised to fp32 (:mod:`llama_jev.local.fp32`). onnxruntime gives, for every
    pair of the three labelled sets (``pairs.jsonl``, ``generic_extra.jsonl``,
    ``hard_pairs.jsonl``; with ``--mixes`` also the longer passages of
-   ``hard_set.fitting_rows``), the hidden states after layer 8 (frozen: never trained).
+   ``hard_set.fitting_rows``, with ``--shorts`` the first sentence of each short answer, with
+   ``--sections`` sections of a topic with and without the answer), the hidden states after layer 8
+   (frozen: never trained).
 2. Layer 9, the judge's exit layer, is rebuilt in torch from the graph's initializers, computing
    the ``[CLS]`` position only (as the judge's cut graph does), followed by the model's own pooler
    and classifier (the exit logit) and the judge's head (``w · [cls, exit_logit] + b``, initialised
@@ -22,7 +24,9 @@ What it does:
 3. Trained: rank-8 updates of layer 9's six matrices (query, key, value, attention output,
    feed-forward in and out), its biases and layer norms, and the head; binary cross-entropy,
    AdamW, one-cycle learning rate, batches of 16, seed 29. ``--answer-weight`` and ``--old-weight``
-   weight the loss of ``pairs.jsonl``'s answers and of the two older sets' rows (default 1).
+   weight the loss of ``pairs.jsonl``'s answers and of the two older sets' rows (default 1);
+   ``--anchor a`` trains the older sets' rows toward ``(1 - a) * label + a * p0``, ``p0`` the
+   untrained judge's raw p (a distillation that keeps what it did there; default 0).
 4. Leave-one-domain-out: for each of the hard set's 13 domains a model is trained on the other
    12 and the two older sets, and scores the held-out domain; each domain's scores are mapped by
    Platt's fit (tightened as in ``fit_local_judge.py``; ``--untightened``: as fitted) on the other

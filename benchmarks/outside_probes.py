@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,10 @@ def holds(p: float, rule: str, other: float | None = None) -> bool:
     return other is not None and p > other
 
 
-def measure(fit: dict[str, Any]) -> dict[str, Any]:
-    judge = LocalRelevanceJudge(parameters=fit)
+def measure(fit: dict[str, Any], make: Callable[..., Any] = LocalRelevanceJudge) -> dict[str, Any]:
+    """The figures above for the judge ``make(parameters=fit)`` (``make(parameters=fit, window_tokens=96)``
+    for the long passage): any object with ``probabilities(query, passages)``."""
+    judge = make(parameters=fit)
     out: dict[str, Any] = {"model": fit["model"], "probes": []}
     for number, (query, passage, rule) in enumerate(PROBES):
         (p,) = judge.probabilities(query, [passage])
@@ -116,7 +119,7 @@ def measure(fit: dict[str, Any]) -> dict[str, Any]:
                 others += 1
                 others_selected += p >= 0.8
     out["golden"] = f"{relevant_selected} of {relevant} relevant selected / {others_selected} of {others} others"
-    narrow = LocalRelevanceJudge(parameters=fit, window_tokens=96)
+    narrow = make(parameters=fit, window_tokens=96)
     (p,) = narrow.probabilities(SHIPPING, [" ".join([FILLER] * 6) + " " + PROBES[0][1]])
     out["2000 tokens, 96-token windows"] = {"p": round(p, 3), "ok": p >= 0.8}
     return out

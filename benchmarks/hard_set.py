@@ -27,6 +27,7 @@ NPV at 0.2 and the uncertain share are the selector's figures had the candidates
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -160,8 +161,29 @@ class Row:
     label: bool
 
 
-def fitting_rows(*, mixes: bool = False) -> list[Row]:
+def first_sentence(passage: str) -> str | None:
+    """A passage's first sentence (ended by ``.``, ``;``, ``!`` or ``?``; a ``;`` becomes a full stop)
+    when the passage has more than one and it has at least six words, else ``None``."""
+    sentences = re.split(r"(?<=[.;!?])\s+", passage.strip())
+    if len(sentences) < 2 or len(sentences[0].split()) < 6:
+        return None
+    first = sentences[0]
+    return first[:-1] + "." if first.endswith(";") else first
+
+
+def fitting_rows(*, mixes: bool = False, shorts: bool = False, sections: bool = False) -> list[Row]:
     """The older sets (``pairs.jsonl``, ``generic_extra.jsonl``: domain ``old``), then the hard set.
+
+    ``shorts`` adds, per short answer or paraphrase of the hard set, its first sentence alone (key
+    ``short:``, label 1, the domain's own): the written answers are longer than the non-answers (28
+    words against 16), so without short answers a judge learns that a short passage does not answer
+    (the first candidate rated "Orders arrive within three to five business days." 0.34 for "How
+    long does shipping take?"); the first sentences average 15 words, as the non-answers do.
+
+    ``sections`` adds, per hard query, two sections of a page on its topic, as long as the set's long
+    passages (keys ``sec:``): its four non-answers with its answer or paraphrase among them (label 1:
+    the section answers), and its four non-answers with two other queries' neighbouring-subject
+    passages among them (label 0). The two differ only in whether the answer is there.
 
     ``mixes`` adds, per hard query, longer passages made of its domain's short passages (keys
     ``mix:`` and ``pad:``, the domain's own, so a fold that holds the domain out holds them out
@@ -176,7 +198,12 @@ def fitting_rows(*, mixes: bool = False) -> list[Row]:
     ]
     hard = load_hard_pairs()
     rows = old + [Row(f"hard:{p.id}", p.domain, p.query, p.passage, p.label) for p in hard]
-    if not mixes:
+    if shorts:
+        for pair in hard:
+            first = None if not pair.label or pair.long else first_sentence(pair.passage)
+            if first is not None:
+                rows.append(Row(f"short:{pair.id}", pair.domain, pair.query, first, True))
+    if not (mixes or sections):
         return rows
     short = [p for p in hard if not p.long]
     by_query: dict[str, list[HardPair]] = {}
@@ -191,6 +218,16 @@ def fitting_rows(*, mixes: bool = False) -> list[Row]:
         start = others.index(min(others, key=lambda q: (q <= query_id, q)))
         fillers = [by_query[others[(start + k) % len(others)]][2 + (number + k) % 4].passage for k in range(2)]
         answer = own["answer" if number % 2 == 0 else "paraphrase"].passage
+        if sections:
+            section = [own[kind].passage for kind in NEGATIVE_KINDS]
+            without = [*section]
+            section.insert(number % 5, answer)
+            # two other queries' neighbouring subjects in the answer's place, so the two are as long
+            without[number % 4 : number % 4] = [by_query[others[(start + k) % len(others)]][5].passage for k in (2, 3)]
+            rows.append(Row(f"sec:{query_id}-1", domain, own["answer"].query, " ".join(section), True))
+            rows.append(Row(f"sec:{query_id}-0", domain, own["answer"].query, " ".join(without), False))
+        if not mixes:
+            continue
         parts = [*fillers]
         parts.insert(number % 3, answer)
         negatives = [own[kind].passage for kind in NEGATIVE_KINDS if kind != NEGATIVE_KINDS[number % 4]]

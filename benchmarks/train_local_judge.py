@@ -12,7 +12,9 @@ What it does:
    ONNX file, dequantised to fp32 (:mod:`llama_jev.local.fp32`). onnxruntime gives, for every
    pair of the three labelled sets (``pairs.jsonl``, ``generic_extra.jsonl``,
    ``hard_pairs.jsonl``; with ``--mixes`` also the longer passages of
-   ``hard_set.fitting_rows``), the hidden states after layer 8 (frozen: never trained).
+   ``hard_set.fitting_rows``, with ``--shorts`` the first sentence of each short answer, with
+   ``--sections`` sections of a topic with and without the answer), the hidden states after layer 8
+   (frozen: never trained).
 2. Layer 9, the judge's exit layer, is rebuilt in torch from the graph's initializers, computing
    the ``[CLS]`` position only (as the judge's cut graph does), followed by the model's own pooler
    and classifier (the exit logit) and the judge's head (``w · [cls, exit_logit] + b``, initialised
@@ -22,7 +24,9 @@ What it does:
 3. Trained: rank-8 updates of layer 9's six matrices (query, key, value, attention output,
    feed-forward in and out), its biases and layer norms, and the head; binary cross-entropy,
    AdamW, one-cycle learning rate, batches of 16, seed 29. ``--answer-weight`` and ``--old-weight``
-   weight the loss of ``pairs.jsonl``'s answers and of the two older sets' rows (default 1).
+   weight the loss of ``pairs.jsonl``'s answers and of the two older sets' rows (default 1);
+   ``--anchor a`` trains the older sets' rows toward ``(1 - a) * label + a * p0``, ``p0`` the
+   untrained judge's raw p (a distillation that keeps what it did there; default 0).
 4. Leave-one-domain-out: for each of the hard set's 13 domains a model is trained on the other
    12 and the two older sets, and scores the held-out domain; each domain's scores are mapped by
    Platt's fit (tightened as in ``fit_local_judge.py``; ``--untightened``: as fitted) on the other
@@ -272,7 +276,7 @@ def train(
     head: dict[str, Any],
     states: list[np.ndarray],
     products: list[tuple[np.ndarray, np.ndarray]],
-    labels: np.ndarray,
+    targets: np.ndarray,
     rows: list[int],
     weights: np.ndarray,
 ) -> tuple[ExitLayer, list[float]]:
@@ -290,7 +294,7 @@ def train(
         for start in range(0, len(order), BATCH):
             chunk = [int(i) for i in order[start : start + BATCH]]
             z = model(*batches(states, products, chunk))
-            y = torch.tensor(labels[chunk], dtype=torch.float32)
+            y = torch.tensor(targets[chunk], dtype=torch.float32)
             w = torch.tensor(weights[chunk], dtype=torch.float32)
             loss = (torch.nn.functional.binary_cross_entropy_with_logits(z, y, reduction="none") * w).sum() / w.sum()
             optimizer.zero_grad()
@@ -352,20 +356,38 @@ def main() -> None:
     )
     parser.add_argument("--old-weight", type=float, default=1.0, help="loss weight of the two older sets' rows")
     parser.add_argument("--untightened", action="store_true", help="Platt's mapping as fitted, not widened")
+    parser.add_argument(
+        "--shorts", action="store_true", help="add the first sentence of each short answer (hard_set.fitting_rows)"
+    )
+    parser.add_argument(
+        "--sections", action="store_true", help="add long sections with and without the answer (hard_set.fitting_rows)"
+    )
+    parser.add_argument(
+        "--anchor",
+        type=float,
+        default=0.0,
+        help="the older sets' targets: (1 - anchor) * label + anchor * the untrained judge's raw p (distillation)",
+    )
+    parser.add_argument("--save-lodo", type=Path, help="also save the held-out logits (numpy) there")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    items, hard = fitting_rows(mixes=args.mixes), load_hard_pairs()
+    items, hard = fitting_rows(mixes=args.mixes, shorts=args.shorts, sections=args.sections), load_hard_pairs()
     labels = np.array([float(item.label) for item in items])
     # Loss weights (--old-weight, --answer-weight); pairs.jsonl's rows come first (hard_set.fitting_rows),
     # its answers short and plain.
     weights = np.where([item.domain == "old" for item in items], args.old_weight, 1.0)
     first = len(load_pairs(PAIRS))
     weights[:first] = np.where(labels[:first] > 0, args.answer_weight, weights[:first])
-    digest = hashlib.sha256(
-        b"".join(path.read_bytes() for path in (PAIRS, PAIRS.parent / "generic_extra.jsonl", HARD_PAIRS))
-    ).hexdigest() + (f"+mixes:{len(items)}" if args.mixes else "")
+    digest = (
+        hashlib.sha256(
+            b"".join(path.read_bytes() for path in (PAIRS, PAIRS.parent / "generic_extra.jsonl", HARD_PAIRS))
+        ).hexdigest()
+        + (f"+mixes:{len(items)}" if args.mixes else "")
+        + ("+shorts" if args.shorts else "")
+        + ("+sections" if args.sections else "")
+    )
     if args.cache.exists() and str(np.load(args.cache)["digest"]) == digest:
         cached = np.load(args.cache)
         states = [cached[f"s{i}"] for i in range(len(items))]
@@ -391,6 +413,13 @@ def main() -> None:
     print("rebuild vs judge, largest |difference| of raw logits:", float(np.max(np.abs(got - expected))), flush=True)
     if not np.allclose(got, expected, atol=1e-3):
         raise SystemExit(f"the torch rebuild does not match the judge: {got} vs {expected}")
+    # What the model is trained toward: the labels; with --anchor, the older sets' rows partly toward
+    # the untrained judge's own raw p (its fit on them), so training on the hard set keeps what it did there.
+    targets = labels.copy()
+    if args.anchor:
+        old = np.array([item.domain == "old" for item in items])
+        untrained = 1 / (1 + np.exp(-scores(ExitLayer(base, head, RANK), states, products, list(range(len(items))))))
+        targets[old] = (1 - args.anchor) * labels[old] + args.anchor * untrained[old]
 
     folds = lodo_folds(items)
     # The mapping is fitted on the hard set's rows, with its lengthened non-answers when trained with them.
@@ -398,7 +427,7 @@ def main() -> None:
     held_z = np.zeros(len(items))
     curves: dict[str, list[float]] = {}
     for domain, fit_rows, out_rows in folds:
-        model, curve = train(args, base, head, states, products, labels, fit_rows, weights)
+        model, curve = train(args, base, head, states, products, targets, fit_rows, weights)
         held_z[out_rows] = scores(model, states, products, out_rows)
         curves[domain] = curve
         print(f"{domain}: loss {curve}  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -407,10 +436,12 @@ def main() -> None:
         print(format_table({f"trained, leave-one-domain-out ({name})": table}), flush=True)
     lodo_minutes = (time.monotonic() - started) / 60
     np.save(args.cache.with_suffix(".lodo.npy"), held_z)
+    if args.save_lodo:
+        np.save(args.save_lodo, held_z)
     if args.lodo_only:
         return
 
-    model, curve = train(args, base, head, states, products, labels, list(range(len(items))), weights)
+    model, curve = train(args, base, head, states, products, targets, list(range(len(items))), weights)
     mapping = fitted_mapping(held_z[calibration_rows], labels[calibration_rows], tightened=not args.untightened)
     delta = model.delta()
     path = args.out / Path(DELTA_ASSET).name
@@ -440,6 +471,9 @@ def main() -> None:
             "old_weight": args.old_weight,
             "mapping_tightened": not args.untightened,
             "mixes": args.mixes,
+            "shorts": args.shorts,
+            "sections": args.sections,
+            "anchor": args.anchor,
             "batch": BATCH,
             "learning_rate": LEARNING_RATE,
             "weight_decay": WEIGHT_DECAY,

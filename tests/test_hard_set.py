@@ -27,9 +27,11 @@ def test_the_hard_set_covers_every_kind_for_every_query_over_at_least_12_domains
     assert max(Counter(normalised(pair.passage) for pair in pairs).values()) == 1
 
 
-@pytest.mark.parametrize("mixes", [False, True])
-def test_no_query_or_passage_of_a_held_out_domain_is_in_its_fit(mixes: bool) -> None:
-    rows = fitting_rows(mixes=mixes)
+@pytest.mark.parametrize(
+    ("mixes", "shorts", "sections"), [(False, False, False), (True, False, False), (True, True, True)]
+)
+def test_no_query_or_passage_of_a_held_out_domain_is_in_its_fit(mixes: bool, shorts: bool, sections: bool) -> None:
+    rows = fitting_rows(mixes=mixes, shorts=shorts, sections=sections)
     folds = lodo_folds(rows)
 
     assert len(folds) == len({pair.domain for pair in load_hard_pairs()})
@@ -56,3 +58,21 @@ def test_the_length_matched_view_lengthens_every_short_non_answer_and_nothing_el
         assert after.passage.startswith(before.passage)
     words = {label: [len(p.passage.split()) for p in matched if p.label == label and not p.long] for label in (0, 1)}
     assert abs(sum(words[0]) / len(words[0]) - sum(words[1]) / len(words[1])) < 5
+
+
+def test_the_short_answers_are_first_sentences_of_the_hard_sets_short_answers_as_short_as_its_non_answers() -> None:
+    pairs = {f"short:{pair.id}": pair for pair in load_hard_pairs()}
+    shorts = [row for row in fitting_rows(shorts=True) if row.key.startswith("short:")]
+
+    assert len(shorts) >= 150
+    for row in shorts:
+        pair = pairs[row.key]
+        assert row.label
+        assert pair.label
+        assert not pair.long
+        assert (row.domain, row.query) == (pair.domain, pair.query)
+        assert pair.passage.startswith(row.passage[:-1])
+        assert len(row.passage) < len(pair.passage)
+    non_answers = [len(p.passage.split()) for p in pairs.values() if not p.label and not p.long]
+    words = [len(row.passage.split()) for row in shorts]
+    assert abs(sum(words) / len(words) - sum(non_answers) / len(non_answers)) < 2

@@ -301,6 +301,32 @@ def test_beyond_in_flight_and_queue_requests_get_429_with_retry_after() -> None:
         assert metric(server.base_url, 'llama_jev_requests_total{route="/v1/systemone",status="429"}') == 4
 
 
+def test_clients_still_sending_their_body_hold_no_admission_place() -> None:
+    # One in flight and one queued in all: two clients that send half a body and stall must not
+    # take both places, or every ready client would get 429 until their body timeout (30 s).
+    flags = ("--max-in-flight", "1", "--queue", "1", "--max-batch-tokens", "0")
+    with server_process(serve_slow(0.05, *flags)) as server:
+        host, port = server.base_url.removeprefix("http://").split(":")
+        head = (
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        stalled = []
+        try:
+            for _ in range(2):
+                sock = socket.create_connection((host, int(port)), timeout=10)
+                sock.sendall(head + b'{"st')
+                stalled.append(sock)
+            time.sleep(0.3)  # both heads and half bodies are in
+            response = httpx.post(server.base_url + "/v1/systemone", json=relevance_body(), timeout=30)
+            queued = metric(server.base_url, "llama_jev_requests_queued")
+        finally:
+            for sock in stalled:
+                sock.close()
+
+    assert response.status_code == 200, response.text
+    assert queued == 0
+
+
 def test_concurrent_requests_with_one_query_are_judged_in_one_call() -> None:
     with server_process(serve_slow(0.5, "--max-in-flight", "8")) as server:
         # The first request occupies the judge; the next five wait together and go in one call.

@@ -30,12 +30,16 @@ class Admission:
 
     @property
     def queued(self) -> int:
-        """Requests admitted but not yet in flight (reading their body or waiting for a slot)."""
+        """Requests admitted (their body read) but not yet in flight: waiting for a slot."""
         return self._reserved
+
+    def has_room(self) -> bool:
+        """Whether :meth:`reserve` would succeed now (a full server refuses before reading a body)."""
+        return self.in_flight + self._reserved < self.max_in_flight + self.queue
 
     def reserve(self) -> bool:
         """Take a place in the queue; ``False`` when the server is full (answer 429)."""
-        if self.in_flight + self._reserved >= self.max_in_flight + self.queue:
+        if not self.has_room():
             return False
         self._reserved += 1
         return True

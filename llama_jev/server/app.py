@@ -3,8 +3,9 @@
 ``python -m llama_jev.serve`` runs it on uvicorn, ``llama_jev.testing.SystemOneTestServer`` runs
 it in a thread with its faults plugged in (:class:`ServerHooks`), and an application can mount it
 in its own FastAPI or Starlette app. The order of the checks is the contract: route and method,
-key (before the body is read), content type, declared length, admission, body (bounded in size
-and time), JSON, shape, candidates, then the judge.
+key (before the body is read), content type, declared length, room (a full server refuses before
+the body), body (bounded in size and time), admission (a place is taken only once the body is
+here), JSON, shape, candidates, then the judge.
 """
 
 from __future__ import annotations
@@ -231,18 +232,20 @@ class JudgeServer:
                 return error_response(413, f"the body is over {self.settings.max_body_bytes} bytes", close=True)
         if self.draining:
             return error_response(503, "the server is shutting down", close=True, headers={"Retry-After": "1"})
+        # Full now: refused before its body is read. The place itself is taken only once the body
+        # is here, so clients that send slowly never hold the places of those that are ready.
+        if not self.admission.has_room():
+            return self._too_many(close=not body_read)
+        if not body_read:
+            refused = await self._read_body(request, exchange)
+            if refused is not None:
+                return refused
         if not self.admission.reserve():
-            message = "too many requests in flight: retry after the Retry-After seconds"
-            retry = {"Retry-After": str(self.settings.retry_after)}
-            return error_response(429, message, close=not body_read, headers=retry)
+            return self._too_many(close=False)
         entered = False
         gone = asyncio.Event()
         watch: asyncio.Task[None] | None = None
         try:
-            if not body_read:
-                refused = await self._read_body(request, exchange)
-                if refused is not None:
-                    return refused
             watch = asyncio.create_task(_watch_disconnect(request.receive, gone))
             entered = await self._enter(gone)
             if not entered and self._drain_expired.is_set():
@@ -257,6 +260,11 @@ class JudgeServer:
                 self.admission.leave()
             else:
                 self.admission.abandon()
+
+    def _too_many(self, *, close: bool) -> Response:
+        message = "too many requests in flight: retry after the Retry-After seconds"
+        retry = {"Retry-After": str(self.settings.retry_after)}
+        return error_response(429, message, close=close, headers=retry)
 
     async def _enter(self, gone: asyncio.Event) -> bool:
         """Wait for a slot in flight; ``False`` when the client left first."""

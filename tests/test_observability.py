@@ -43,10 +43,14 @@ from llama_jev import (
     RetrievalUnavailableError,
     RetryPolicy,
     RuntimeContext,
+    ScriptedJudge,
     runtime_context,
 )
+from llama_jev.calibration import CalibratedJudge, PlattMapping
 from llama_jev.core import telemetry
 from llama_jev.engine import JevDecisionEvent
+from llama_jev.engine.rerank import judge_model_name
+from llama_jev.systemone import SystemOneRequest, SystemOneResult
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY
@@ -551,3 +555,23 @@ def test_without_the_opentelemetry_api_every_telemetry_call_is_a_no_op(
 
     assert [node.node.node_id for node in returned] == ["n0", "n1", "n2"]
     assert telemetry._telemetry() is None
+
+
+def test_the_reranker_is_named_by_the_judges_model_as_its_records_name_it() -> None:
+    client = JevClient(base_url="http://127.0.0.1:9", model="jev-2")
+
+    assert judge_model_name(ScriptedJudge(lambda state, qid, ins: 0.5, model="scripted-demo")) == "scripted-demo"
+    assert judge_model_name(client) == "jev-2"
+    assert judge_model_name(CalibratedJudge(client, PlattMapping(slope=1.0, intercept=0.0))) == "jev-2+platt"
+    # A judge that names no model: its class name.
+    assert judge_model_name(CalibratedJudge(Nameless(), PlattMapping(slope=1.0, intercept=0.0))) == "CalibratedJudge"
+
+
+class Nameless:
+    """A judge with no ``model`` attribute."""
+
+    def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        raise NotImplementedError
+
+    async def asystem_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
+        raise NotImplementedError

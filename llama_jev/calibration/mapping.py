@@ -365,6 +365,15 @@ class CalibratedJudge:
         self.judge = judge
         self.mapping = mapping
 
+    @property
+    def model(self) -> str | None:
+        """The model its results name, ``<model>+<mapping>`` (``None`` when the wrapped judge names none).
+
+        What traces show as the reranker's model, the same name as the records'.
+        """
+        model = getattr(self.judge, "model", None)
+        return f"{model}+{self.mapping.name}" if isinstance(model, str) and model else None
+
     def system_one(self, request: SystemOneRequest, *, timeout: float | None = None) -> SystemOneResult:
         """Ask the wrapped judge, then map its yes/no probabilities."""
         result = self.judge.system_one(request, timeout=timeout)

@@ -181,6 +181,11 @@ class ScriptedJudge:
         self._requests: list[SystemOneRequest] | None = [] if keep_requests else None
 
     @property
+    def model(self) -> str:
+        """The model its results name (``model=`` when made); traces show it as the reranker's model."""
+        return self._model
+
+    @property
     def requests(self) -> list[SystemOneRequest]:
         """A copy of the requests answered so far, oldest first.
 

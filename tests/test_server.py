@@ -31,6 +31,9 @@ from tests.serve_support import (
     server_process,
 )
 
+# Every test here runs the server as a subprocess (most with the local model): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 KEY = "sk-serve-test-key"
 QUERY = "How long does shipping take?"
 ANSWER = "Standard shipping takes three to five business days."

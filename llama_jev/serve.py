@@ -38,6 +38,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llama_jev.server.protocol import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_QUEUE,
+)
 from llama_jev.systemone.client import is_loopback
 from llama_jev.systemone.judge import Judge
 
@@ -132,15 +138,31 @@ def _parser() -> argparse.ArgumentParser:
     add("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free)")
     add("--api-key-file", type=Path, default=None, help="require Authorization: Bearer <the file's first line>")
     add("--api-key", default=None, help=f"the key itself (visible in ps: prefer --api-key-file or {API_KEY_ENV})")
-    add("--max-in-flight", type=_positive_int, default=4, help="requests judged at once (default 4)")
-    add("--queue", type=_non_negative_int, default=16, help="more requests admitted to wait (default 16); then 429")
+    add(
+        "--max-in-flight",
+        type=_positive_int,
+        default=DEFAULT_MAX_IN_FLIGHT,
+        help=f"requests judged at once (default {DEFAULT_MAX_IN_FLIGHT})",
+    )
+    add(
+        "--queue",
+        type=_non_negative_int,
+        default=DEFAULT_QUEUE,
+        help=f"more requests admitted to wait (default {DEFAULT_QUEUE}); then 429",
+    )
     add(
         "--max-batch-tokens",
         type=_non_negative_int,
-        default=8192,
-        help="concurrent requests with the same query are judged together up to this many tokens (default 8192)",
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        help=f"concurrent requests with the same query are judged together up to this many tokens "
+        f"(default {DEFAULT_MAX_BATCH_TOKENS})",
     )
-    add("--max-body-bytes", type=_positive_int, default=4 * 1024 * 1024, help="larger bodies get 413 (default 4 MiB)")
+    add(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="larger bodies get 413 (default 4 MiB)",
+    )
     add("--drain-seconds", type=_positive_seconds, default=10.0, help="on SIGTERM/Ctrl-C, answer within (default 10)")
     add("--header-timeout", type=_positive_seconds, default=10.0, help="seconds for a request's head (default 10)")
     add("--body-timeout", type=_positive_seconds, default=30.0, help="seconds for a request's body (default 30)")

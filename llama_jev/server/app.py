@@ -43,7 +43,10 @@ from llama_jev.server.exchange import (
 )
 from llama_jev.server.metrics import CONTENT_TYPE, ServerMetrics
 from llama_jev.server.protocol import (
+    DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_QUEUE,
     HEALTH_PATH,
     JSON_TYPE,
     MAX_CANDIDATES,
@@ -74,9 +77,9 @@ class ServerSettings:
     """The limits of one application (the ``serve`` flags of the same names)."""
 
     api_key: str | None = None
-    max_in_flight: int = 8
-    queue: int = 64
-    max_batch_tokens: int = 16384
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    queue: int = DEFAULT_QUEUE
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_candidates: int = MAX_CANDIDATES
     body_timeout: float = 30.0
@@ -370,9 +373,9 @@ def create_app(
     judge: Judge,
     *,
     api_key: str | None = None,
-    max_in_flight: int = 8,
-    queue: int = 64,
-    max_batch_tokens: int = 16384,
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    queue: int = DEFAULT_QUEUE,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_timeout: float = 30.0,
     retry_after: int = 1,

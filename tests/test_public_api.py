@@ -124,6 +124,17 @@ def test_every_error_is_public_in_llama_jev_errors() -> None:
     assert all(issubclass(getattr(llama_jev.errors, name), llama_jev.errors.JevError) for name in errors)
 
 
+def test_the_chroma_filter_error_is_a_jev_error_and_still_a_value_error() -> None:
+    import llama_jev.errors
+    from llama_jev.stores import chroma
+
+    error = llama_jev.errors.UntranslatableFilterError
+    assert "UntranslatableFilterError" in llama_jev.errors.__all__
+    assert issubclass(error, llama_jev.errors.JevError)
+    assert issubclass(error, ValueError)  # 0.2's callers caught ValueError
+    assert chroma.UntranslatableFilterError is error  # the module's old name is the same class
+
+
 # ``calibrate`` is also the command's module (``python -m llama_jev.calibrate``): once that module is
 # imported, ``llama_jev.calibrate`` is the module. Its deprecation path is checked in a fresh process.
 MOVED = [name for name in NAMES_0_1 if name not in llama_jev.__all__ and name not in {"__version__", "calibrate"}]

@@ -54,7 +54,7 @@ from llama_jev import (
     RuntimeContext,
     ScriptedJudge,
 )
-from llama_jev.stores.chroma import chroma_where
+from llama_jev.stores import chroma_where
 from llama_jev.testing import HashEmbedding
 from llama_jev.testing.chroma import chroma_server
 

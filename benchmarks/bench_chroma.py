@@ -55,8 +55,7 @@ from llama_jev import (
     ScriptedJudge,
 )
 from llama_jev.stores import chroma_where
-from llama_jev.testing import HashEmbedding
-from llama_jev.testing.chroma import chroma_server
+from llama_jev.testing import HashEmbedding, chroma_server
 
 TENANTS = 50
 ACL = MetadataAcl(tenant_key="tenant", users_key="users", roles_key="roles", public_key="public")

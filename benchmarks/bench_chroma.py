@@ -54,9 +54,8 @@ from llama_jev import (
     RuntimeContext,
     ScriptedJudge,
 )
-from llama_jev.stores.chroma import chroma_where
-from llama_jev.testing import HashEmbedding
-from llama_jev.testing.chroma import chroma_server
+from llama_jev.stores import chroma_where
+from llama_jev.testing import HashEmbedding, chroma_server
 
 TENANTS = 50
 ACL = MetadataAcl(tenant_key="tenant", users_key="users", roles_key="roles", public_key="public")

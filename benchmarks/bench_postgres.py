@@ -54,9 +54,8 @@ from llama_jev import (
     RuntimeContext,
     ScriptedJudge,
 )
-from llama_jev.stores.postgres import AclPGVectorStore
-from llama_jev.testing import HashEmbedding
-from llama_jev.testing.postgres import embedded_postgres
+from llama_jev.stores import AclPGVectorStore
+from llama_jev.testing import HashEmbedding, embedded_postgres
 
 TABLE = "bench_acl"
 BARE = "bench_acl_hnsw_only"

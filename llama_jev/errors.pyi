@@ -72,3 +72,6 @@ from llama_jev.core.errors import (
 from llama_jev.core.errors import (
     UnencodableTextError as UnencodableTextError,
 )
+from llama_jev.core.errors import (
+    UntranslatableFilterError as UntranslatableFilterError,
+)

@@ -124,6 +124,17 @@ def test_every_error_is_public_in_llama_jev_errors() -> None:
     assert all(issubclass(getattr(llama_jev.errors, name), llama_jev.errors.JevError) for name in errors)
 
 
+def test_the_chroma_filter_error_is_a_jev_error_and_still_a_value_error() -> None:
+    import llama_jev.errors
+    from llama_jev.stores import chroma
+
+    error = llama_jev.errors.UntranslatableFilterError
+    assert "UntranslatableFilterError" in llama_jev.errors.__all__
+    assert issubclass(error, llama_jev.errors.JevError)
+    assert issubclass(error, ValueError)  # 0.2's callers caught ValueError
+    assert chroma.UntranslatableFilterError is error  # the module's old name is the same class
+
+
 # ``calibrate`` is also the command's module (``python -m llama_jev.calibrate``): once that module is
 # imported, ``llama_jev.calibrate`` is the module. Its deprecation path is checked in a fresh process.
 MOVED = [name for name in NAMES_0_1 if name not in llama_jev.__all__ and name not in {"__version__", "calibrate"}]
@@ -265,6 +276,52 @@ def test_no_production_module_imports_the_test_helpers() -> None:
 
 # llama_jev.serve runs llama_jev.server; the test server imports the server, never the reverse.
 EXPECTED_TESTING_IMPORTERS: list[str] = []
+
+
+# What the docs tell users to import from llama_jev.stores, and the module each is defined in.
+STORE_NAMES = {
+    "AclPGVectorStore": "llama_jev.stores.postgres_store",
+    "chroma_where": "llama_jev.stores.chroma",
+    "qdrant_filters": "llama_jev.stores.qdrant",
+    "simple_filters": "llama_jev.stores.memory",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STORE_NAMES))
+def test_each_stores_dialect_and_the_postgres_store_import_from_the_package(name: str) -> None:
+    import llama_jev.stores
+
+    assert name in llama_jev.stores.__all__
+    value = getattr(llama_jev.stores, name)
+    assert value is getattr(importlib.import_module(STORE_NAMES[name]), name)
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    assert f"- `{name}` — " in api
+
+
+def test_the_postgres_store_is_the_same_class_from_the_package_and_the_old_module() -> None:
+    import llama_jev.stores
+    from llama_jev.stores import postgres
+
+    assert llama_jev.stores.AclPGVectorStore is postgres.AclPGVectorStore
+
+
+@pytest.mark.slow  # a Python subprocess
+def test_importing_the_stores_package_loads_no_store_client() -> None:
+    # The dialects are plain functions over llama_index.core; only AclPGVectorStore needs its extra,
+    # and only when it is asked for.
+    clients = ("psycopg", "psycopg2", "asyncpg", "pgvector", "qdrant_client", "chromadb", "llama_index.vector_stores")
+    code = (
+        "import sys\n"
+        "from llama_jev.stores import adapters, chroma_where, qdrant_filters, simple_filters\n"
+        "adapters()\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {clients!r} or m.startswith({clients!r})))\n"
+        "from llama_jev.stores import AclPGVectorStore\n"
+        "print('llama_index.vector_stores.postgres' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    loaded, postgres_loaded = result.stdout.splitlines()
+    assert loaded == "[]"
+    assert postgres_loaded == "True"
 
 
 def test_the_stores_old_adapters_tuple_still_resolves_with_a_warning() -> None:

@@ -278,14 +278,17 @@ def test_llama_jev_imports_without_the_postgres_extra() -> None:
         "import sys\n"
         "sys.modules['llama_index.vector_stores.postgres'] = None  # as if the extra were not installed\n"
         "import llama_jev, llama_jev.stores\n"
-        "from llama_jev.stores import postgres\n"
-        "try:\n"
-        "    postgres.AclPGVectorStore\n"
-        "except ImportError as error:\n"
-        "    print(error)\n"
+        "from llama_jev.stores import postgres, qdrant_filters, simple_filters\n"
+        "for load in (lambda: postgres.AclPGVectorStore, lambda: llama_jev.stores.AclPGVectorStore):\n"
+        "    try:\n"
+        "        load()\n"
+        "    except ImportError as error:\n"
+        "        print(error)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
-    assert 'pip install "llama-jev[postgres]"' in done.stdout
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2  # the old module path and the package both say what to install
+    assert all('pip install "llama-jev[postgres]"' in line for line in lines)
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])

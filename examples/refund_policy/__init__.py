@@ -8,7 +8,7 @@ Two steps, as in a real deployment:
 
 ``python -m examples.refund_policy`` does both: it ingests only if the collection is missing.
 With ``DATABASE_URL=postgresql://...`` set, the same steps run on PostgreSQL + pgvector through
-``llama_jev.stores.postgres.AclPGVectorStore`` (the ``postgres`` extra) instead of Qdrant.
+``llama_jev.stores.AclPGVectorStore`` (the ``postgres`` extra) instead of Qdrant.
 """
 
 try:  # the example extra; without it the first import error would name a module, not the fix

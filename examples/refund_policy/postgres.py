@@ -3,7 +3,7 @@
 ``DATABASE_URL=postgresql://user:password@localhost:5432/db`` (the ``pgvector`` service of
 ``docker/docker-compose.yml`` answers at ``postgresql://postgres:postgres@localhost:5432/postgres``)
 switches the example to one table per embedding model (the table LlamaIndex's ``PGVectorStore``
-writes), read through :class:`~llama_jev.stores.postgres.AclPGVectorStore`, into which
+writes), read through :class:`~llama_jev.stores.AclPGVectorStore`, into which
 ``JevRetriever`` pushes the ACL as bound SQL parameters. Needs the ``postgres`` extra.
 """
 
@@ -60,7 +60,7 @@ def describe(url: str, embed_model: BaseEmbedding) -> str:
 
 
 def _store(url: str, embed_model: BaseEmbedding) -> Any:
-    from llama_jev.stores.postgres import AclPGVectorStore
+    from llama_jev.stores import AclPGVectorStore
 
     sync_url, async_url = _urls(url)
     return AclPGVectorStore(

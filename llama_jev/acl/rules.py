@@ -250,8 +250,8 @@ class MetadataAcl:
         admits. ``store`` picks the dialect, since stores read filters differently; each lives
         beside its store's adapter and is documented there:
 
-        - ``"qdrant"``: :func:`llama_jev.stores.qdrant.qdrant_filters` (exact on well-formed metadata).
-        - ``"simple"``: :func:`llama_jev.stores.memory.simple_filters` (the in-memory
+        - ``"qdrant"``: :func:`llama_jev.stores.qdrant_filters` (exact on well-formed metadata).
+        - ``"simple"``: :func:`llama_jev.stores.simple_filters` (the in-memory
           ``SimpleVectorStore``: one level of filters, so some configurations raise ``ValueError``).
 
         ``JevRetriever.from_index`` pushes the ACL down by itself (also into Chroma and

@@ -34,6 +34,7 @@ __all__ = [
     "RetrievalInconclusiveError",
     "RetrievalUnavailableError",
     "UnencodableTextError",
+    "UntranslatableFilterError",
 ]
 
 
@@ -158,6 +159,14 @@ class UnencodableTextError(JevError, ValueError):
     Lone surrogates appear when broken emoji escapes (``"\\ud83d"`` without its pair) are decoded;
     no server can be sent such text. Repair it where it is decoded or ingested. The message names
     the node id (or says "the query"), never the text.
+    """
+
+
+class UntranslatableFilterError(JevError, ValueError):
+    """A caller's ``MetadataFilter`` a store's native filter cannot state exactly (Chroma's ``where``).
+
+    The message names the filter's key and operator, never its value. Pushdown catches it: that
+    retriever gets no pushdown, and the ACL post-filters (``llama_jev.stores``).
     """
 
 

@@ -6,6 +6,18 @@ from llama_jev.stores.base import (
 from llama_jev.stores.base import (
     Pushdown as Pushdown,
 )
+from llama_jev.stores.chroma import (
+    chroma_where as chroma_where,
+)
+from llama_jev.stores.memory import (
+    simple_filters as simple_filters,
+)
+from llama_jev.stores.postgres_store import (
+    AclPGVectorStore as AclPGVectorStore,
+)
+from llama_jev.stores.qdrant import (
+    qdrant_filters as qdrant_filters,
+)
 from llama_jev.stores.registry import (
     adapter_for as adapter_for,
 )

@@ -31,6 +31,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
 from llama_jev.acl.rules import MetadataAcl
+from llama_jev.core.errors import UntranslatableFilterError
 from llama_jev.core.identity import RuntimeContext
 from llama_jev.stores.base import KeyCensus, Pushdown, Seen, vector_store_of
 
@@ -59,10 +60,6 @@ _NOTHING_SENTINEL = "llama_jev:match-nothing"
 # Metadata read per page by the census, and the most nodes it reads before it gives up.
 _CENSUS_PAGE = 1000
 _CENSUS_LIMIT = 20_000
-
-
-class UntranslatableFilterError(ValueError):
-    """A caller's ``MetadataFilter`` Chroma's ``where`` cannot state exactly; names key and operator only."""
 
 
 def is_chroma(retriever: BaseRetriever) -> bool:

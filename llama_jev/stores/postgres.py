@@ -31,8 +31,8 @@ _STORE_MODULE = "llama_jev.stores.postgres_store"
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: `from llama_jev.stores.postgres import AclPGVectorStore` loads the store (and the
-    # postgres extra) only when asked for; the ImportError names the extra to install.
+    # PEP 562: `from llama_jev.stores.postgres import AclPGVectorStore` (0.2's path; the package exports it
+    # now) loads the store (and the postgres extra) only when asked for; the ImportError names the extra.
     if name == "AclPGVectorStore":
         from llama_jev.stores.postgres_store import AclPGVectorStore
 
@@ -72,7 +72,7 @@ class PostgresPushdown(Pushdown):
         return (
             "the ACL is applied after retrieval only over a plain PGVectorStore: denied nodes take top-k slots and "
             "the wrapped retriever's events carry them. The stock store pastes filter values into its SQL, so the "
-            "ACL is not pushed into it. Wrap the same table with llama_jev.stores.postgres.AclPGVectorStore "
+            "ACL is not pushed into it. Wrap the same table with llama_jev.stores.AclPGVectorStore "
             "(same constructor and from_params, no re-ingestion) to push it down as bound parameters."
         )
 

@@ -1,7 +1,7 @@
 """``AclPGVectorStore``: LlamaIndex's ``PGVectorStore`` with the caller's ACL and filters as bound SQL.
 
 Needs the ``postgres`` extra (``pip install "llama-jev[postgres]"``). Import it from
-``llama_jev.stores.postgres``.
+``llama_jev.stores``.
 """
 
 from __future__ import annotations

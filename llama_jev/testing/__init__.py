@@ -1,6 +1,7 @@
 """Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
-``HashEmbedding``, a deterministic offline embedding for tests and demos, and
-``embedded_postgres()``, a throwaway PostgreSQL + pgvector (``llama_jev.testing.postgres``).
+``HashEmbedding``, a deterministic offline embedding for tests and demos, ``embedded_postgres()``,
+a throwaway PostgreSQL + pgvector, and ``chroma_server()``, a throwaway Chroma server (``chroma run``
+from the ``chromadb`` wheel).
 
 Names are listed once, in ``__init__.pyi``, and load on first use.
 """

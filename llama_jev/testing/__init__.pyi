@@ -1,6 +1,12 @@
 """Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
-``HashEmbedding`` and a throwaway PostgreSQL + pgvector."""
+``HashEmbedding``, a throwaway PostgreSQL + pgvector and a throwaway Chroma server."""
 
+from llama_jev.testing.chroma import (
+    ChromaServer as ChromaServer,
+)
+from llama_jev.testing.chroma import (
+    chroma_server as chroma_server,
+)
 from llama_jev.testing.embedding import HashEmbedding as HashEmbedding
 from llama_jev.testing.postgres import (
     PostgresServer as PostgresServer,

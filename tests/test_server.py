@@ -6,6 +6,7 @@ deterministic."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import re
 import signal
@@ -610,3 +611,14 @@ def test_jev_client_rides_out_the_back_pressure_with_no_failed_judgement() -> No
     assert failures == []
     assert answered == 6
     assert refused >= 1  # the server did push back
+
+
+def test_create_app_has_the_limits_serve_has_by_default() -> None:
+    from llama_jev.serve import _parser
+    from llama_jev.server import create_app
+
+    flags = _parser().parse_args([])
+    defaults = {name: value.default for name, value in inspect.signature(create_app).parameters.items()}
+
+    for name in ("max_in_flight", "queue", "max_batch_tokens", "max_body_bytes", "body_timeout"):
+        assert defaults[name] == getattr(flags, name), name

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llama_jev.server.protocol import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_IN_FLIGHT,
@@ -165,7 +166,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--drain-seconds", type=_positive_seconds, default=10.0, help="on SIGTERM/Ctrl-C, answer within (default 10)")
     add("--header-timeout", type=_positive_seconds, default=10.0, help="seconds for a request's head (default 10)")
-    add("--body-timeout", type=_positive_seconds, default=30.0, help="seconds for a request's body (default 30)")
+    add(
+        "--body-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_BODY_TIMEOUT,
+        help=f"seconds for a request's body (default {DEFAULT_BODY_TIMEOUT:g})",
+    )
     add("--log-format", choices=("text", "json"), default="text", help="one line per request: text or json")
     add("--quiet", action="store_true", help="no line per request (by default: time, status, candidates, ms)")
     return parser

@@ -43,6 +43,7 @@ from llama_jev.server.exchange import (
 )
 from llama_jev.server.metrics import CONTENT_TYPE, ServerMetrics
 from llama_jev.server.protocol import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_IN_FLIGHT,
@@ -82,7 +83,7 @@ class ServerSettings:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_candidates: int = MAX_CANDIDATES
-    body_timeout: float = 30.0
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
     retry_after: int = 1
     judge_workers: int = 2
     warm_up: SystemOneRequest | None = _WARM_UP
@@ -377,7 +378,7 @@ def create_app(
     queue: int = DEFAULT_QUEUE,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    body_timeout: float = 30.0,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     retry_after: int = 1,
     judge_threads: int = 2,
     warm_up: bool = True,

@@ -24,10 +24,11 @@ MAX_NESTING: Final = 64
 MAX_CANDIDATES: Final = 1024
 """The most questions (candidates) one request may hold (more: 413)."""
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
-# The admission and batching defaults, the same for ``create_app`` and ``python -m llama_jev.serve``.
+# The admission, batching and body-time defaults, the same for ``create_app`` and ``python -m llama_jev.serve``.
 DEFAULT_MAX_IN_FLIGHT: Final = 4
 DEFAULT_QUEUE: Final = 16
 DEFAULT_MAX_BATCH_TOKENS: Final = 8192
+DEFAULT_BODY_TIMEOUT: Final = 30.0
 JSON_TYPE: Final = "application/json"
 
 # Statuses the System One API uses that http.HTTPStatus does not know.

@@ -58,6 +58,9 @@ from llama_jev.core.errors import (
     MissingRuntimeContextError as MissingRuntimeContextError,
 )
 from llama_jev.core.errors import (
+    PermissionsUnavailableError as PermissionsUnavailableError,
+)
+from llama_jev.core.errors import (
     QueryTooLargeError as QueryTooLargeError,
 )
 from llama_jev.core.errors import (

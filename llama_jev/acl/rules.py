@@ -18,13 +18,25 @@ Example::
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 from llama_index.core.schema import BaseNode
 from llama_index.core.vector_stores.types import MetadataFilters
 
+from llama_jev.acl.conditions import (
+    And,
+    Condition,
+    Conditional,
+    Equals,
+    In,
+    Intersects,
+    ListContains,
+    Nothing,
+    Or,
+    Restriction,
+)
 from llama_jev.core.context import RuntimeContext
 
 __all__ = ["PUBLIC_VALUES", "Acl", "AclTerms", "FilterStore", "MetadataAcl", "check_acl"]
@@ -133,6 +145,8 @@ class MetadataAcl:
     users_key: str | None = None
     roles_key: str | None = None
     public_key: str | None = None
+    engine: ClassVar[str] = "metadata"
+    """The ACL's name in records and spans: the decision is read from node metadata."""
 
     def __post_init__(self) -> None:
         configured: list[str] = []
@@ -241,6 +255,56 @@ class MetadataAcl:
         if self._grant_keys_configured and terms.user is None and not terms.roles and not terms.public:
             return None  # grants are required and ctx can match none of them
         return terms
+
+    def allowed(self, ctx: RuntimeContext, nodes: Sequence[BaseNode]) -> set[str]:
+        """The ids of the ``nodes`` ``ctx`` may read: the batched form of ``acl(ctx, node)`` (``BatchAcl``)."""
+        return {node.node_id for node in nodes if self.allows(ctx, node.metadata)}
+
+    async def aallowed(self, ctx: RuntimeContext, nodes: Sequence[BaseNode]) -> set[str]:
+        """:meth:`allowed` (in-process, nothing to wait for)."""
+        return self.allowed(ctx, nodes)
+
+    def condition(self, ctx: RuntimeContext) -> Condition | None:
+        """The ACL for ``ctx`` as a store-neutral condition; ``None``: no node can match.
+
+        ``tenant equals`` AND an OR of ``users list-contains user``, ``roles intersects roles``,
+        ``public in ("true", 1, True)``. On well-formed metadata it admits exactly what
+        :meth:`allows` admits; where a users / roles value is malformed (which :meth:`allows`
+        denies) a store may admit the node, and the final check removes it.
+
+        Example::
+
+            >>> MetadataAcl(tenant_key="tenant", users_key="users").condition(
+            ...     RuntimeContext(user_id="u1", tenant_id="acme"))
+            And(terms=(Equals(key='tenant', value='acme'), ListContains(key='users', value='u1')))
+        """
+        terms = self.terms(ctx)
+        if terms is None:
+            return None
+        grants: list[Condition] = []
+        if self.users_key is not None and terms.user is not None:
+            grants.append(ListContains(self.users_key, terms.user))
+        if self.roles_key is not None and terms.roles:
+            grants.append(Intersects(self.roles_key, terms.roles))
+        if self.public_key is not None and terms.public:
+            grants.append(In(self.public_key, terms.public))
+        parts: list[Condition] = []
+        if self.tenant_key is not None and terms.tenant is not None:
+            parts.append(Equals(self.tenant_key, terms.tenant))
+        if len(grants) == 1:
+            parts.append(grants[0])
+        elif grants:
+            parts.append(Or(tuple(grants)))
+        return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+    def restriction(self, ctx: RuntimeContext) -> Restriction:
+        """What a store may pre-select for ``ctx``: :meth:`condition`, or ``Nothing`` (``BatchAcl``)."""
+        condition = self.condition(ctx)
+        return Nothing() if condition is None else Conditional(condition)
+
+    async def arestriction(self, ctx: RuntimeContext) -> Restriction:
+        """:meth:`restriction` (in-process, nothing to wait for)."""
+        return self.restriction(ctx)
 
     def filters(self, ctx: RuntimeContext, *, store: FilterStore = "qdrant") -> MetadataFilters:
         """The same decision for ``ctx`` as LlamaIndex ``MetadataFilters``, for a vector store to pre-filter.

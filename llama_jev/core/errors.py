@@ -29,6 +29,7 @@ __all__ = [
     "EvidenceTooLargeError",
     "LocalJudgeTimeoutError",
     "MissingRuntimeContextError",
+    "PermissionsUnavailableError",
     "ResponseWithheldError",
     "QueryTooLargeError",
     "RetrievalInconclusiveError",
@@ -172,6 +173,35 @@ class UntranslatableFilterError(JevError, ValueError):
 
 class MissingRuntimeContextError(JevError, LookupError):
     """No ``RuntimeContext`` is bound and none was passed: there is no implicit identity."""
+
+
+class PermissionsUnavailableError(JevError):
+    """The authorization engine could not decide (down, slower than allowed, or unreadable): no node is returned.
+
+    Raised in every mode (OFF and SHADOW too): permissions are never guessed, and nothing the
+    engine did not clearly allow is served or cached. The message names the engine and what
+    failed, never an identity value, a node id or text.
+
+    Attributes:
+        engine: which engine was asked (``"cerbos"``, ``"spicedb"``, ...).
+        reason: ``UNREACHABLE`` (no connection), ``TIMEOUT`` (no answer in time),
+            ``INVALID_RESPONSE`` (an answer that cannot be read as a decision), ``REFUSED``
+            (the engine rejected the request: configuration, schema or credentials).
+        retryable: whether asking again can help (``UNREACHABLE`` and ``TIMEOUT``: yes).
+
+    Example::
+
+        try:
+            nodes = retriever.retrieve("What are the refund conditions?")
+        except PermissionsUnavailableError as error:
+            ...  # answer "search is unavailable right now", never "no documents"
+    """
+
+    def __init__(self, message: str, *, engine: str, reason: str, retryable: bool = False) -> None:
+        self.engine = engine
+        self.reason = reason
+        self.retryable = retryable
+        super().__init__(message)
 
 
 class RetrievalUnavailableError(JevError):

@@ -1,6 +1,6 @@
 """The offline judge, measured: the four-model int8 judge it was and the judge it is, side by side.
 
-Run: ``python benchmarks/bench_local.py`` (needs ``pip install "llama-jev[local]"``; offline).
+Run: ``python benchmarks/bench_local.py`` (needs ``pip install -e ".[local]"`` in the clone; offline).
 Every figure comes from this one run; latencies are medians of several runs after a warm-up, on
 however many cores this machine has (the judge runs one forward pass at a time, each on
 ``intra_op_num_threads`` = 2 threads). Wall-clock figures on a machine shared with other work

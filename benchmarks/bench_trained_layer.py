@@ -1,6 +1,6 @@
 """A trained exit layer costs no time: the shipped judge and the trained candidate, interleaved.
 
-Run: ``python benchmarks/bench_trained_layer.py`` (needs ``pip install "llama-jev[local]"``;
+Run: ``python benchmarks/bench_trained_layer.py`` (needs ``pip install -e ".[local]"`` in the clone;
 offline). The trained candidate (``benchmarks/trained``, written by ``train_local_judge.py``)
 merges its layer-9 delta into the weights at load; the graph it runs has the same shape as the
 shipped judge's. Both judge the same workloads through ``CandidateSelector`` in alternating rounds

@@ -3,7 +3,7 @@
 That fit (``local-relevance-v2``, a head on the untrained cross-encoder's layer 9) is also where
 ``benchmarks/train_local_judge.py`` starts.
 
-Run: ``python benchmarks/fit_local_judge.py`` (needs ``pip install "llama-jev[local]"``; offline,
+Run: ``python benchmarks/fit_local_judge.py`` (needs ``pip install -e ".[local]"`` in the clone; offline,
 deterministic, about a minute on two cores). ``--check`` refits and compares with the shipped file
 instead of writing it.
 

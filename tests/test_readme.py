@@ -161,3 +161,156 @@ def test_only_fenced_languages_the_test_knows_are_used() -> None:
     for page in PAGES:
         for block in blocks(page):
             assert block.language in (*RUNNABLE, "text", "json"), f"{block.name}: unknown fence {block.language!r}"
+
+
+# --- install lines (issue 36): the package is not on PyPI, so every `pip install` of it names the clone ---
+
+# Text a user reads and may paste: the pages, and the examples' and benchmarks' messages and docstrings.
+INSTALL_TEXTS = [*PAGES, *sorted((ROOT / "examples").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py"))]
+_PIP_INSTALL = re.compile(r"pip\s+install\s+(?P<args>[^`\n&;|)(#']*)")
+# What a clone's path is written as: "." from the clone's root, or the README's placeholder.
+_CLONE_PATHS = (".", "/path/to/llama_jev")
+_OPTIONS_WITH_VALUE = ("-e", "--editable", "-r", "--requirement", "-c", "--constraint")
+
+
+def pip_install_lines(path: Path) -> list[tuple[int, str]]:
+    """Every ``pip install ...`` in ``path`` (line number, arguments), except one quoted as what fails."""
+    text = path.read_text(encoding="utf-8")
+    found = []
+    for match in _PIP_INSTALL.finditer(text):
+        line_number = text.count("\n", 0, match.start()) + 1
+        line = text.splitlines()[line_number - 1]
+        if "does not work" in line:  # the README saying that `pip install llama-jev` fails
+            continue
+        found.append((line_number, match.group("args").strip()))
+    return found
+
+
+def _requirements(arguments: str) -> list[str]:
+    """The requirements of a ``pip install`` argument list (an editable one included), options dropped."""
+    import shlex
+
+    words = shlex.split(arguments if arguments.count('"') % 2 == 0 else arguments + '"')
+    requirements, take_next = [], False
+    for word in words:
+        if take_next or not word.startswith("-"):
+            requirements.append(word)
+        take_next = word in ("-e", "--editable")
+    return requirements
+
+
+def check_install_requirement(requirement: str, extras: set[str]) -> str | None:
+    """Why ``requirement`` fails from a clone as written (``None``: it works)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    local = re.fullmatch(r"(?P<path>[^\[\]\s@]+)(\[(?P<extras>[^\]]*)\])?", requirement)
+    if local and (local["path"].startswith((".", "/")) or local["path"].startswith("file:")):
+        named = {extra.strip() for extra in (local["extras"] or "").split(",") if extra.strip()}
+        if local["path"] not in _CLONE_PATHS:
+            return f"{requirement}: not a path to the clone (write . from its root, or /path/to/llama_jev)"
+    else:
+        try:
+            parsed = Requirement(requirement)
+        except InvalidRequirement as error:
+            return f"{requirement}: pip cannot read it ({error})"
+        named = set(parsed.extras)
+        if canonicalize_name(parsed.name) == "llama-jev":
+            if not parsed.url:
+                return f'{requirement}: llama-jev is not on PyPI ("No matching distribution"): pip install -e ".[...]"'
+            if parsed.url.removeprefix("file://") not in _CLONE_PATHS:
+                return f"{requirement}: {parsed.url} is not the clone"
+        elif named:
+            return None  # another project's extras: not ours to check
+    unknown = sorted(named - extras)
+    return f"{requirement}: no extra {', '.join(unknown)} in pyproject.toml" if unknown else None
+
+
+def _extras() -> set[str]:
+    import tomllib
+
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"])
+
+
+def test_every_install_line_works_from_a_clone_as_written() -> None:
+    extras, problems, checked = _extras(), [], 0
+    for path in INSTALL_TEXTS:
+        for line, arguments in pip_install_lines(path):
+            for requirement in _requirements(arguments):
+                checked += 1
+                problem = check_install_requirement(requirement, extras)
+                if problem:
+                    problems.append(f"{path.relative_to(ROOT)}:{line}: {problem}")
+    assert checked >= 10  # the README's, the docs', the examples' and the benchmarks' lines were found
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "fails"),
+    [
+        ("llama-jev[serve,local]", True),  # what the docs said: pip answers "No matching distribution found"
+        ("llama-jev", True),
+        (".[serve,local]", False),
+        (".[serve,locall]", True),  # a misspelt extra: pip installs without it and only warns
+        ("/path/to/llama_jev[qdrant]", False),
+        ("llama-jev[qdrant] @ file:///path/to/llama_jev", False),
+        ("../elsewhere[qdrant]", True),
+        ("llama-index-postprocessor-jev", False),
+        ("torch==2.13.0", False),
+    ],
+)
+def test_the_install_line_check_tells_the_clone_from_the_index(requirement: str, fails: bool) -> None:
+    assert (check_install_requirement(requirement, _extras()) is not None) is fails
+
+
+def test_the_install_line_finder_reads_code_spans_docstrings_and_messages(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        'Run `pip install "llama-jev[chroma]"` first.\n'
+        'python3 -m venv .venv && .venv/bin/pip install -q -e ".[example]" && python -m x\n'
+        "'For real embeddings offline: pip install -e \".[local]\" (in the llama_jev clone).'\n"
+        "Not on the package index yet (`pip install llama-jev` does not work today)\n",
+        encoding="utf-8",
+    )
+    found = [(line, _requirements(arguments)) for line, arguments in pip_install_lines(page)]
+    assert found == [(1, ["llama-jev[chroma]"]), (2, [".[example]"]), (3, [".[local]"])]
+
+
+# --- what the pages promise beyond their blocks (issue 36) ---------------------------------------------------
+
+
+def test_every_api_md_line_is_a_whole_sentence_with_proper_names_capitalised() -> None:
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    lines = re.findall(r"^- `\w+` — (.*)$", text, flags=re.M)
+    assert len(lines) > 100
+    cut = [line for line in lines if not line.rstrip().endswith((".", ")", "?", '"', "`"))]
+    assert not cut, f"lines cut off mid-sentence: {cut}"
+    prose = [re.sub(r"`[^`]*`", "", line) for line in lines]  # code keeps its own spelling
+    lower = [line for line in prose if re.search(r"\b(platt|cohen|wilson|brier|qdrant|chroma|postgresql)\b", line)]
+    assert not lower, f"proper names lower-cased: {lower}"
+
+
+def test_the_index_names_every_store_the_stores_page_covers() -> None:
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    (row,) = [line for line in index.splitlines() if line.startswith("| [stores-and-pushdown.md]")]
+    for store in ("in-memory", "Qdrant", "PostgreSQL", "Chroma"):
+        assert store in row, f"docs/index.md's stores row leaves out {store}"
+
+
+@pytest.mark.slow  # chromadb's embedded engine
+def test_the_chroma_snippet_run_twice_in_one_folder_adds_no_duplicate_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("chromadb")
+    page = DOCS / "stores-and-pushdown.md"
+    runnable = [block for block in blocks(page) if block.language == "python" and block.not_run is None]
+    setup = runnable[0]
+    (chroma,) = [block for block in runnable if "chromadb.PersistentClient" in block.code]
+    monkeypatch.chdir(tmp_path)
+    printed = []
+    for _ in range(2):  # as two runs of the page would: fresh nodes each time, the same folder
+        namespace: dict[str, object] = {"__name__": "docs_page"}
+        _run_python(setup, namespace)
+        printed.append(_run_python(chroma, namespace))
+        assert namespace["collection"].count() == 3  # type: ignore[attr-defined]
+    assert printed[0] == printed[1]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from llama_index.core import VectorStoreIndex
 
+from examples.plain_text import plain
 from examples.refund_policy import kb, store
 from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
@@ -203,7 +204,11 @@ def steps(
 def main(argv: list[str] | None = None) -> int:
     """Run the three steps with the example's judge and print them (0 either way: staying in SHADOW
     when the labels say so is the walkthrough working, not failing; 1 when every judgement failed)."""
-    parser = argparse.ArgumentParser(prog="python -m examples.refund_policy.calibrate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.refund_policy.calibrate",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument(
         "--out", help="where records, labels, the sheet and report.html go (default: <storage>/calibration)"

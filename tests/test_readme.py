@@ -301,16 +301,22 @@ def test_the_index_names_every_store_the_stores_page_covers() -> None:
 def test_the_chroma_snippet_run_twice_in_one_folder_adds_no_duplicate_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("chromadb")
+    chromadb = pytest.importorskip("chromadb")
     page = DOCS / "stores-and-pushdown.md"
     runnable = [block for block in blocks(page) if block.language == "python" and block.not_run is None]
     setup = runnable[0]
     (chroma,) = [block for block in runnable if "chromadb.PersistentClient" in block.code]
     monkeypatch.chdir(tmp_path)
     printed = []
-    for _ in range(2):  # as two runs of the page would: fresh nodes each time, the same folder
-        namespace: dict[str, object] = {"__name__": "docs_page"}
-        _run_python(setup, namespace)
-        printed.append(_run_python(chroma, namespace))
-        assert namespace["collection"].count() == 3  # type: ignore[attr-defined]
+    try:
+        for _ in range(2):  # as two runs of the page would: fresh nodes each time, the same folder
+            # chromadb keeps one client per path string in the process ("chroma_data" is relative): a
+            # fresh process has none, and the page's own test ran in another folder
+            chromadb.api.client.SharedSystemClient.clear_system_cache()
+            namespace: dict[str, object] = {"__name__": "docs_page"}
+            _run_python(setup, namespace)
+            printed.append(_run_python(chroma, namespace))
+            assert namespace["collection"].count() == 3  # type: ignore[attr-defined]
+    finally:
+        chromadb.api.client.SharedSystemClient.clear_system_cache()
     assert printed[0] == printed[1]

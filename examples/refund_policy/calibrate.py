@@ -44,6 +44,7 @@ from llama_jev import (
 )
 from llama_jev.calibration import (
     CalibrationReport,
+    CliFiles,
     Collected,
     GoldenQuery,
     calibrate,
@@ -185,7 +186,11 @@ def steps(
 
     say("\n3. Calibrate")
     report = calibrate(records, labels, target_precision=TARGET_PRECISION, min_npv=MIN_NPV)
-    html = report.write_html(out / "report.html")
+    # The report's commands name this run's files (no placeholders): the same check again with
+    # python -m llama_jev.calibrate, a sheet of pairs not labelled yet from this sample.
+    html_path = out / "report.html"
+    files = CliFiles(records=str(records), labels=str(labels), report=str(html_path), samples=str(samples))
+    html = report.write_html(html_path, cli=True, files=files)
     for line in summary(report):
         say(f"   {line}")
     say(f"   report: {html}")

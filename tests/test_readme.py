@@ -226,10 +226,18 @@ def check_install_requirement(requirement: str, extras: set[str]) -> str | None:
     return f"{requirement}: no extra {', '.join(unknown)} in pyproject.toml" if unknown else None
 
 
-def _extras() -> set[str]:
-    import tomllib
+def _optional_dependencies() -> dict[str, list[str]]:
+    """pyproject.toml's extras."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest itself depends on tomli there
+        tomllib = pytest.importorskip("tomli")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return dict(project["optional-dependencies"])
 
-    return set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"])
+
+def _extras() -> set[str]:
+    return set(_optional_dependencies())
 
 
 def test_every_install_line_works_from_a_clone_as_written() -> None:
@@ -320,3 +328,55 @@ def test_the_chroma_snippet_run_twice_in_one_folder_adds_no_duplicate_rows(
     finally:
         chromadb.api.client.SharedSystemClient.clear_system_cache()
     assert printed[0] == printed[1]
+
+
+def _closure(extra: str) -> set[str]:
+    """The canonical names of everything ``llama-jev[extra]`` requires, through its own extras."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    extras = _optional_dependencies()
+    names: set[str] = set()
+    todo, seen = [extra], set()
+    while todo:
+        current = todo.pop()
+        seen.add(current)
+        for line in extras[current]:
+            requirement = Requirement(line)
+            if canonicalize_name(requirement.name) == "llama-jev":
+                todo += [name for name in requirement.extras if name not in seen]
+            else:
+                names.add(canonicalize_name(requirement.name))
+    return names
+
+
+def test_the_test_extras_install_the_instrumentation_example_users_get() -> None:
+    # llama-index-observability-otel 0.7 pins llama-index-instrumentation < 0.6 (issue 36): in [test]
+    # it downgraded the suite's to 0.5.0 while [example] users get 0.6.0. It has an extra of its own.
+    for extra in ("test", "dev"):
+        assert "llama-index-observability-otel" not in _closure(extra), extra
+    assert "llama-index-observability-otel" in _closure("test-otel")
+    assert _closure("test") <= _closure("test-otel")
+
+
+# --- saying what a long command is doing (issue 36) -----------------------------------------------------------
+
+_LONG_STEPS = re.compile(r"pip install|-m pytest|mypy$|ruff check|wheel_check$")
+
+
+def test_ci_prints_a_line_before_every_long_step() -> None:
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    code = [line for line in lines if line and not line.startswith("#")]
+    long_steps = [number for number, line in enumerate(code) if _LONG_STEPS.search(line) and "step " not in line]
+    assert len(long_steps) >= 6  # pip twice (and pip's upgrade), ruff, mypy, the suite, the otel run, the wheel check
+    for number in long_steps:
+        before = code[max(0, number - 3) : number]
+        assert any(line.startswith("step ") for line in before), f".ci/run runs {code[number]!r} without a step line"
+    assert 'step "the test suite passed in $((SECONDS - suite_started)) s"' in code  # how long the suite took
+
+
+def test_the_readmes_test_command_says_what_it_is_doing_before_each_long_part() -> None:
+    text = README.read_text(encoding="utf-8")
+    command = text[text.index("# 2. Run the tests") : text.index("```", text.index("# 2. Run the tests"))]
+    assert command.index('echo "== installing the test extra') < command.index("pip install")
+    assert command.index('echo "== running the tests') < command.index("-m pytest")

@@ -17,7 +17,7 @@ are slower than on an idle one; the CPU seconds beside them are less sensitive t
 Quality is measured per kind of pair on the hard set (``data/relevance/hard_pairs.jsonl``, see
 ``hard_set.py``) at the selector's default thresholds: ``p >= 0.8`` selected, ``p <= 0.2``
 rejected, uncertain in between. The old judge and the shipped one never saw that set, so they are
-measured on all of it here; the trained candidate (``benchmarks/trained``, not shipped) was trained
+measured on all of it here; the trained candidate (``judge_training/trained``, not shipped) was trained
 on it, so its figures are the leave-one-domain-out ones that ``train_local_judge.py`` measured
 and recorded in its ``local_judge.json`` (printed, not recomputed).
 Each table is given twice: the set as written, whose non-answers are shorter than its answers,
@@ -47,7 +47,8 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The offline judge's sets, its former judge and the trained candidate live with its training (judge_training/).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "judge_training"))
 
 from encoders import BgeSmallEncoder, ParaphraseMiniLMEncoder
 from four_signal_judge import FourSignalJudge

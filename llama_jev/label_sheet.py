@@ -4,10 +4,13 @@ From a labelling sample (``ExecutionOptions(label_sampler=LabelSampler(...))``, 
 ``collect(..., samples=...)``), which holds each query and passage as the judge saw them:
 
     python -m llama_jev.label_sheet --samples samples.jsonl --out sheet.csv [--size 300] [--seed 0]
+        [--exclude labels.jsonl]
 
 Columns ``decision_id, node_id, question, passage, relevant`` (blank): blind (no p) and shuffled,
 drawn stratified over p so the band where thresholds are chosen is covered. Label it in the
 browser with ``python -m llama_jev.label sheet.csv --out labels.jsonl``, or in a spreadsheet.
+A later sheet with ``--exclude labels.jsonl`` leaves out every pair labelled there already, so it
+is labelled into the same file and adds only new pairs.
 
 From SHADOW decision records and your own index (the records hold no query text, so this sheet
 has none: prefer a labelling sample):
@@ -29,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from llama_jev.calibration.analysis import MIN_LABELS, MIN_PER_CLASS
 from llama_jev.calibration.records import CalibrationInputError
+from llama_jev.calibration.samples import SampleSheet, write_sample_sheet
 from llama_jev.calibration.sheet import write_label_sheet
 
 __all__ = ["main"]
@@ -52,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", type=int, default=300, help="with --samples: pairs in the sheet (default 300)")
     parser.add_argument(
         "--with-p", action="store_true", help="with --samples: add the judge's p (the sheet is blind by default)"
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="LABELS",
+        help="with --samples: leave out the pairs this labels file answers already (repeatable)",
     )
     parser.add_argument("--records", help="decision records, one JSON object per line")
     source = parser.add_mutually_exclusive_group()
@@ -116,29 +128,60 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _from_samples(args: argparse.Namespace) -> int:
-    from llama_jev.calibration.samples import write_sample_sheet
-
     try:
-        sheet = write_sample_sheet(args.samples, args.out, size=args.size, seed=args.seed, blind=not args.with_p)
+        sheet = write_sample_sheet(
+            args.samples, args.out, size=args.size, seed=args.seed, blind=not args.with_p, exclude=args.exclude
+        )
     except (CalibrationInputError, ValueError, OSError) as error:
         print(f"llama_jev.label_sheet: {error}", file=sys.stderr)
         return 2
     spread = ", ".join(f"{i / 10:.1f}-{(i + 1) / 10:.1f}: {n}" for i, n in enumerate(sheet.strata) if n)
-    print(f"wrote {sheet.rows} pairs (of {sheet.available} sampled) to {sheet.path}; rows per band of p: {spread}")
-    if sheet.rows < MIN_LABELS:
-        # Not refused: several small sheets (other seeds) may go into one labels file.
-        more = (
-            f"write another sheet with --seed {args.seed + 1} into the same labels file"
-            if sheet.rows < sheet.available
-            else "the sample holds no more pairs: keep sampling a while longer"
-        )
-        print(
-            f"llama_jev.label_sheet: note: {sheet.rows} pairs is fewer than the {MIN_LABELS} labels calibrate needs "
-            f"(at least {MIN_PER_CLASS} relevant and {MIN_PER_CLASS} not); {more}",
-            file=sys.stderr,
-        )
-    print(f"label them: python -m llama_jev.label {args.out} --out labels.jsonl")
+    of = (
+        f"of {sheet.available} not labelled yet, {sheet.excluded} labelled already left out"
+        if sheet.excluded
+        else f"of {sheet.available} sampled"
+    )
+    print(f"wrote {sheet.rows} pairs ({of}) to {sheet.path}; rows per band of p: {spread}")
+    labels = args.exclude[0] if args.exclude else "labels.jsonl"
+    print(_short_sheet_note(sheet, args, labels), file=sys.stderr, end="")
+    print(f"label them: python -m llama_jev.label {shlex.quote(args.out)} --out {shlex.quote(labels)}")
     return 0
+
+
+def _short_sheet_note(sheet: SampleSheet, args: argparse.Namespace, labels: str) -> str:
+    """A line for stderr when this sheet and the pairs labelled already make fewer than calibrate needs."""
+    have = sheet.rows + sheet.excluded
+    if have >= MIN_LABELS:
+        return ""
+    # Not refused: several sheets may go into one labels file, each drawing only pairs not labelled yet.
+    if sheet.rows < sheet.available:
+        more = (
+            f"ask for --size {min(MIN_LABELS - sheet.excluded, sheet.available)} "
+            f"(the sample holds {sheet.available} pairs not labelled yet)"
+        )
+    else:
+        command = shlex.join(
+            [
+                "python",
+                "-m",
+                "llama_jev.label_sheet",
+                "--samples",
+                args.samples,
+                "--out",
+                "more.csv",
+                "--exclude",
+                labels,
+            ]
+        )
+        more = (
+            "the sample holds no more pairs: keep SHADOW sampling a while longer, then draw only new pairs "
+            f"into the same labels file with: {command}"
+        )
+    already = f" and the {sheet.excluded} labelled already" if sheet.excluded else ""
+    return (
+        f"llama_jev.label_sheet: note: {sheet.rows} pairs{already} make {have}, {MIN_LABELS - have} fewer than the "
+        f"{MIN_LABELS} labels calibrate needs (at least {MIN_PER_CLASS} relevant and {MIN_PER_CLASS} not); {more}\n"
+    )
 
 
 def _source(args: argparse.Namespace) -> Any:

@@ -417,8 +417,9 @@ def test_a_class_with_fewer_than_ten_is_refused() -> None:
     for label in labels[9:]:
         label["relevant"] = False
     labels[0]["relevant"] = labels[1]["relevant"] = True
-    with pytest.raises(InsufficientLabelsError, match=r"\d relevant \(need at least 10\)"):
+    with pytest.raises(InsufficientLabelsError, match=r"(\d) relevant \(need at least 10: \d more\)") as caught:
         calibrate(records, labels)
+    assert caught.value.labels_needed == 10 - caught.value.relevant
 
 
 # --- unreadable input ---------------------------------------------------------------------------

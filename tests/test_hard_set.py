@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+JUDGE_TRAINING = Path(__file__).resolve().parent.parent / "judge_training"
+sys.path.insert(0, str(JUDGE_TRAINING))
 
 from hard_set import KINDS, fitting_rows, length_matched, load_hard_pairs, lodo_folds, normalised  # noqa: E402
 

@@ -233,3 +233,22 @@ def test_on_a_phone_the_header_stays_one_line_and_the_keys_cover_nothing(browser
         assert page.evaluate(box.format("#done pre") + ".right") <= 390
     finally:
         server.stop()
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [390, 1280])
+def test_a_short_labeller_name_is_shown_whole_at_any_width(browser: Browser, tmp_path: Path, width: int) -> None:
+    # issue 36: at 390 px the header cut "ana" to "a…" while the title kept its room
+    page = browser.page(width=width, height=844)
+    server = LabelServer(write_sheet(tmp_path / "sheet.csv"), tmp_path / "labels.jsonl", "ana")
+    try:
+        open_page(page, server.url)
+        who = "document.getElementById('who')"
+        assert page.evaluate(f"{who}.textContent") == "· ana"
+        text = page.evaluate(f"(() => {{ const r = document.createRange(); r.selectNodeContents({who}); "
+                             "return r.getBoundingClientRect().width; })()")  # fmt: skip
+        assert page.evaluate(f"{who}.getBoundingClientRect().width") >= text - 0.01  # no ellipsis
+        line = page.evaluate("parseFloat(getComputedStyle(document.querySelector('.count')).lineHeight)")
+        assert page.evaluate("document.querySelector('.top').getBoundingClientRect().height") < 1.5 * line
+    finally:
+        server.stop()

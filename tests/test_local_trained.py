@@ -1,6 +1,6 @@
 """A trained exit layer for the offline judge: its delta, sha256-checked and merged into the fp32 weights at load.
 
-The fit is the candidate ``benchmarks/train_local_judge.py`` wrote to ``benchmarks/trained`` (not the
+The fit is the candidate ``judge_training/train_local_judge.py`` wrote to ``judge_training/trained`` (not the
 shipped judge; docs/judge-and-local-server.md says why).
 """
 
@@ -21,8 +21,8 @@ from llama_jev.local.relevance import LocalRelevanceJudge, load_parameters
 from llama_jev.local.tuned import DELTA_ASSET, ROLES, LayerDelta, matmul_output
 from llama_jev.local.weights import carried_file
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+JUDGE_TRAINING = Path(__file__).resolve().parent.parent / "judge_training"
+sys.path.insert(0, str(JUDGE_TRAINING))
 
 from hard_set import TRAINED, trained_candidate  # noqa: E402
 

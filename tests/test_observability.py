@@ -9,6 +9,7 @@ LlamaIndex instrumentor and llama-index-observability-otel's handlers, a real Ll
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -17,12 +18,10 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 pytest.importorskip("openinference.instrumentation.llama_index")
-pytest.importorskip("llama_index.observability.otel")
 
 from llama_index.core import VectorStoreIndex
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
-from llama_index.observability.otel.base import OTelCompatibleEventHandler, OTelCompatibleSpanHandler
 from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -116,9 +115,21 @@ def exporter() -> Iterator[InMemorySpanExporter]:
         instrumentor.uninstrument()
 
 
+# llama-index-observability-otel 0.7 (the newest) pins llama-index-instrumentation < 0.6, which
+# llama-index-core 0.14's users get as 0.6: it is the `test-otel` extra, not part of `test`, so the
+# suite runs on what `example` installs. CI runs this module a second time with it
+# (.ci/run; LLAMA_JEV_TEST_OTEL=1 turns its skip into a failure there).
 @pytest.fixture
 def otel_events() -> Iterator[InMemorySpanExporter]:
     """llama-index-observability-otel's span and event handlers on the root dispatcher, exporting to memory."""
+    try:
+        from llama_index.observability.otel.base import OTelCompatibleEventHandler, OTelCompatibleSpanHandler
+    except ImportError:
+        if os.environ.get("LLAMA_JEV_TEST_OTEL"):
+            pytest.fail(
+                'LLAMA_JEV_TEST_OTEL is set, llama-index-observability-otel is missing: pip install -e ".[test-otel]"'
+            )
+        pytest.skip('llama-index-observability-otel is the test-otel extra: pip install -e ".[test-otel]"')
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))

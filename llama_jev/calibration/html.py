@@ -25,13 +25,15 @@ __all__ = ["CliFiles", "render_report"]
 
 @dataclass(frozen=True)
 class CliFiles:
-    """The files a ``python -m llama_jev.calibrate`` run read and wrote: the report's commands name them."""
+    """The files a ``python -m llama_jev.calibrate`` run read and wrote: the report's commands name them
+    (``samples``: the labelling sample the sheets were drawn from, when known)."""
 
     records: str
     labels: str
     report: str | None = None
     purpose: str | None = None
     version: str | None = None
+    samples: str | None = None
 
 
 _STYLE = """
@@ -63,6 +65,11 @@ tr.pick td { background: #fff6d6; font-weight: 600; }
 .card.miss { border-color: #e3a5a1; background: #fbeaea; }
 dl.terms dt { font-weight: 600; margin-top: 8px; } dl.terms dd { margin: 2px 0 0 0; color: #3a4350; }
 svg text { font: 12px system-ui, sans-serif; fill: #1d2430; }
+/* a phone (390 px): the page never scrolls sideways; a wide table scrolls inside its own box and a
+   chart shrinks to the width (its viewBox keeps the proportions) */
+figure { max-width: 100%; } svg { max-width: 100%; height: auto; }
+table { display: block; max-width: 100%; overflow-x: auto; }
+code { overflow-wrap: anywhere; }
 """
 
 
@@ -123,19 +130,25 @@ def _enforce_section(report: CalibrationFindings) -> str:
 def _sweep_table(report: CalibrationFindings) -> str:
     rows = []
     chosen = report.candidate.accept if report.candidate else None
-    shown = [row for row in report.thresholds if row.accept == chosen or _every_five_hundredths(row.accept)]
+    # With no candidate the verdict names the best accept (the highest lower bound): its row is shown too.
+    best = report.best_accept if chosen is None else None
+    marked = {accept: tag for accept, tag in ((chosen, "chosen"), (best, "best")) if accept is not None}
+    shown = [row for row in report.thresholds if row.accept in marked or _every_five_hundredths(row.accept)]
     for row in shown:
-        mark = ' class="pick"' if row.accept == chosen else ""
+        tag = marked.get(row.accept)
+        mark = ' class="pick"' if tag else ""
         rows.append(
-            f"<tr{mark}><td>{format_threshold(row.accept)}</td><td>{row.selected}</td><td>{_pct(row.precision)}</td>"
-            f"<td>{_pct(row.precision_lower)}</td><td>{_pct(row.recall)}</td><td>{_pct(row.coverage)}</td></tr>"
+            f"<tr{mark}><td>{format_threshold(row.accept)}{f' ({tag})' if tag else ''}</td><td>{row.selected}</td>"
+            f"<td>{_pct(row.precision)}</td><td>{_pct(row.precision_lower)}</td><td>{_pct(row.recall)}</td>"
+            f"<td>{_pct(row.coverage)}</td></tr>"
         )
     return (
         "<h2>Accept thresholds on the calibration split</h2>"
         "<table><tr><th>accept</th><th>selected</th><th>precision</th><th>95% lower</th><th>recall</th>"
         "<th>coverage</th></tr>" + "".join(rows) + "</table>"
-        '<p class="muted small">Every 0.05 shown, and the recommendation: an observed p, never a value '
-        "between two observed ones, where no label says anything. The JSON output has every 0.01.</p>"
+        '<p class="muted small">Every 0.05 shown, and the chosen accept (or, when none meets the target, the best: '
+        "the highest 95% lower bound): an observed p, never a value between two observed ones, where no label says "
+        "anything. The JSON output has every 0.01.</p>"
     )
 
 
@@ -216,10 +229,10 @@ def _verdict(report: CalibrationFindings) -> str:
     )
 
 
-def _calibrate_command(report: CalibrationFindings, files: CliFiles | None) -> str:
-    """The command that runs this calibration again, on the files this run read (a placeholder
-    in capitals where the report does not know them)."""
-    records, labels = (files.records, files.labels) if files else ("DECISIONS.jsonl", "LABELS.jsonl")
+def _calibrate_command(report: CalibrationFindings, files: CliFiles | None, *, html: bool = True) -> str:
+    """The command that runs this calibration again, on the files this run read (``decisions.jsonl``
+    and ``labels.jsonl`` where the report does not know them: :func:`_placeholders` says what they are)."""
+    records, labels = (files.records, files.labels) if files else ("decisions.jsonl", "labels.jsonl")
     words = ["python", "-m", "llama_jev.calibrate", "--records", records, "--labels", labels]
     words += ["--target-precision", f"{report.targets['precision']:g}", "--min-npv", f"{report.targets['npv']:g}"]
     if not math.isclose(report.split.holdout_share, 0.3):
@@ -230,19 +243,37 @@ def _calibrate_command(report: CalibrationFindings, files: CliFiles | None) -> s
         words += ["--purpose", files.purpose]
     if files and files.version is not None:
         words += ["--version", files.version]
-    words += ["--report", files.report if files and files.report else "report.html"]
+    if html:
+        words += ["--report", files.report if files and files.report else "report.html"]
     return shlex.join(words)
 
 
 def _label_commands(size: int | None, files: CliFiles | None) -> str:
-    """A new sheet from the labelling sample, labelled into the labels file this run read."""
-    labels = shlex.quote(files.labels) if files else "LABELS.jsonl"
+    """A new sheet of pairs not labelled yet, from the labelling sample, labelled into the labels
+    file this run read."""
+    samples = shlex.quote(files.samples) if files and files.samples else "samples.jsonl"
+    labels = shlex.quote(files.labels) if files else "labels.jsonl"
     return (
-        "python -m llama_jev.label_sheet --samples SAMPLES.jsonl --out more.csv \\\n"
-        f"    {'' if size is None else f'--size {size} '}--seed 1"
-        "   # SAMPLES.jsonl: your LabelSampler's file; another seed, other pairs\n"
+        f"python -m llama_jev.label_sheet --samples {samples} --out more.csv \\\n"
+        f"    {'' if size is None else f'--size {size} '}--exclude {labels}   # only pairs not labelled yet\n"
         f"python -m llama_jev.label more.csv --out {labels}   # the same labels file"
     )
+
+
+def _placeholders(files: CliFiles | None, *, records: bool = False, samples: bool = False) -> str:
+    """What the commands' stand-in file names are, for the ones this report does not know."""
+    said = []
+    if files is None and records:
+        said.append("<code>decisions.jsonl</code> is your decision log (the file of your <code>JsonlObserver</code>)")
+    if files is None:
+        said.append("<code>labels.jsonl</code> the labels you calibrated with")
+    if samples and (files is None or files.samples is None):
+        said.append(
+            "<code>samples.jsonl</code> your labelling sample (the file of "
+            '<code>ExecutionOptions(label_sampler=LabelSampler("samples.jsonl"))</code>, or of '
+            '<code>collect(..., samples="samples.jsonl")</code>)'
+        )
+    return f'<p class="muted small">{"; ".join(said)}.</p>' if said else ""
 
 
 def _next_steps(report: CalibrationFindings, *, cli: bool, files: CliFiles | None = None) -> str:
@@ -268,7 +299,7 @@ def _next_steps(report: CalibrationFindings, *, cli: bool, files: CliFiles | Non
             items.append(
                 f"Label about <b>{report.labels_needed}</b> more pairs (keep SHADOW sampling a while longer if the "
                 f"sample holds few new questions):<pre>{escape(_label_commands(max(report.labels_needed, 50), files))}"
-                "</pre>"
+                f"</pre>{_placeholders(files, samples=True)}"
             )
         elif report.candidate is None:
             items.append(
@@ -277,7 +308,7 @@ def _next_steps(report: CalibrationFindings, *, cli: bool, files: CliFiles | Non
                 "reaches under it, more labels narrow the band; where the curve itself stays under the line, "
                 "lower the targets if your application tolerates it, or try a better-separating judge or a "
                 "fitted probability mapping (below), then label and calibrate again. To label more pairs:"
-                f"<pre>{escape(_label_commands(None, files))}</pre>"
+                f"<pre>{escape(_label_commands(None, files))}</pre>{_placeholders(files, samples=True)}"
             )
         else:
             items.append(
@@ -287,7 +318,9 @@ def _next_steps(report: CalibrationFindings, *, cli: bool, files: CliFiles | Non
             )
         command = _calibrate_command(report, files).replace(" --target-precision", " \\\n    --target-precision")
         items.append(
-            f"Run calibration again:<pre>{escape(command)}</pre>" if cli else "Call <code>calibrate</code> again."
+            f"Run calibration again:<pre>{escape(command)}</pre>{_placeholders(files, records=True)}"
+            if cli
+            else "Call <code>calibrate</code> again."
         )
     return (
         '<div class="next"><h2>What to do next</h2><ol>' + "".join(f"<li>{item}</li>" for item in items) + "</ol></div>"
@@ -353,7 +386,7 @@ def _judge_section(report: CalibrationFindings) -> str:
     )
 
 
-def _mapping_section(report: CalibrationFindings, *, cli: bool) -> str:
+def _mapping_section(report: CalibrationFindings, *, cli: bool, files: CliFiles | None = None) -> str:
     if not report.mapping:
         return ""
     held = report.mapping_holdout
@@ -364,17 +397,22 @@ def _mapping_section(report: CalibrationFindings, *, cli: bool) -> str:
             f"{_num(held.get('ece_mapped'))} and the Brier score from {_num(held.get('brier_raw'))} to "
             f"{_num(held.get('brier_mapped'))}."
         )
-    where = (
-        "It is the <code>mapping</code> object of the <code>--json</code> output; to use it, wrap the judge: "
-        '<code>CalibratedJudge(judge, mapping_from_dict(json.load(open("calibration.json"))["mapping"]))</code>'
-        if cli
-        else "To use it, wrap the judge: <code>CalibratedJudge(judge, mapping_from_dict(report.mapping))</code>"
-    )
+    if cli:
+        # --json prints the report on stdout; no command writes a file of it unless told to
+        save = _calibrate_command(report, files, html=False) + " --json > calibration.json"
+        where = (
+            "It is the <code>mapping</code> object of the <code>--json</code> output; save that output:"
+            f"<pre>{escape(save)}</pre>{_placeholders(files, records=True)}"
+            "and wrap the judge: "
+            '<code>CalibratedJudge(judge, mapping_from_dict(json.load(open("calibration.json"))["mapping"]))</code>'
+        )
+    else:
+        where = "To use it, wrap the judge: <code>CalibratedJudge(judge, mapping_from_dict(report.mapping))</code>"
     return (
         "<h2>A fitted probability mapping</h2>"
         f"<p>Platt scaling fitted on the calibration split: slope {_num(report.mapping.get('slope'))}, "
-        f"intercept {_num(report.mapping.get('intercept'))}.{comparison} {where}; records written through it "
-        "are on the mapped scale, so calibrate again on those before enforcing.</p>"
+        f"intercept {_num(report.mapping.get('intercept'))}.{comparison}</p><p>{where}. Records written through "
+        "it are on the mapped scale, so calibrate again on those before enforcing.</p>"
     )
 
 
@@ -412,7 +450,7 @@ def render_report(report: CalibrationFindings, *, cli: bool = False, files: CliF
         + figures
         + _judge_section(report)
         + _sweep_table(report)
-        + _mapping_section(report, cli=cli)
+        + _mapping_section(report, cli=cli, files=files)
         + _data_section(report)
         + "</body></html>"
     )

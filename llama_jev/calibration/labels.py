@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from llama_jev.calibration.records import CalibrationInputError, json_lines, text_field
 from llama_jev.core.records import QUERY_KEY_SECRET_ENVIRONMENT, normalize_query, query_key
 
-__all__ = ["CSV_DELIMITERS", "Label", "LabelsInput", "LoadedLabels", "load_labels", "read_table"]
+__all__ = ["CSV_DELIMITERS", "Label", "LabelsInput", "LoadedLabels", "labelled_pairs", "load_labels", "read_table"]
 
 CSV_DELIMITERS = ",;\t"
 _DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
@@ -223,6 +223,48 @@ def load_labels(labels: LabelsInput, *, query_key_secret: str | bytes | None = N
     named = [label for label in latest.values() if label is not None]
     withdrawn = sum(1 for label in latest.values() if label is None)
     return LoadedLabels(labels=anonymous + named, unlabelled=unanswered + withdrawn)
+
+
+def labelled_pairs(path: str | os.PathLike[str]) -> set[tuple[str, str]]:
+    """The pairs a labels file (JSONL, or a filled CSV sheet) already holds an answer for.
+
+    Each is ``("d:" + decision_id, node_id)`` or, for a label by query, ``("q:" + the normalized
+    query, node_id)``. Answered means true or false, or skipped on the labelling page (a ``null``
+    with a labeller: the page would not show that pair to its labeller again); a blank sheet row
+    is not answered. What a second sheet leaves out (``label_sheet --exclude``).
+
+    Raises:
+        CalibrationInputError: every bad line named (file:line).
+    """
+    source = Path(path)
+    is_csv = source.suffix.lower() in (".csv", ".tsv")
+    items: Iterable[tuple[int, Any]]
+    if is_csv:
+        header, items = read_table(source)
+        _check_header(header, source)
+    else:
+        items = json_lines(source)
+    pairs: set[tuple[str, str]] = set()
+    problems: list[tuple[int, str]] = []
+    for number, entry in items:
+        try:
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"a label must be a JSON object, got {type(entry).__name__}")
+            node_id = _cell(entry, "node_id", text=is_csv)
+            relevant = _relevant(entry.get("relevant"), text=is_csv)
+            if relevant is None and not entry.get("labeller"):
+                continue  # not labelled yet
+            if entry.get("decision_id"):
+                pairs.add(("d:" + _cell(entry, "decision_id", text=is_csv), node_id))
+            elif isinstance(entry.get("query"), str):
+                pairs.add(("q:" + normalize_query(entry["query"]), node_id))
+            else:
+                raise ValueError("a label needs 'decision_id' or 'query'")
+        except ValueError as error:
+            problems.append((number, f"not a label: {error}"))
+    if problems:
+        raise CalibrationInputError.from_lines(problems, path=source, what="labels")
+    return pairs
 
 
 def _check_header(header: list[str], path: Path) -> None:

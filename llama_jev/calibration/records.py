@@ -93,12 +93,15 @@ class InsufficientLabelsError(CalibrationInputError):
 
     Attributes:
         labels: joined pairs available; ``relevant`` / ``irrelevant``: of those, per class.
+        labels_needed: at least this many more labels before calibrate can say anything (0 when
+            only the split is short: every label is for one query or decision).
     """
 
-    def __init__(self, problem: str, *, labels: int, relevant: int, irrelevant: int) -> None:
+    def __init__(self, problem: str, *, labels: int, relevant: int, irrelevant: int, labels_needed: int = 0) -> None:
         self.labels = labels
         self.relevant = relevant
         self.irrelevant = irrelevant
+        self.labels_needed = labels_needed
         super().__init__(problem)
 
 

@@ -22,8 +22,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from llama_jev.calibration.labels import labelled_pairs
 from llama_jev.calibration.records import CalibrationInputError, json_lines, probability
-from llama_jev.core.records import DecisionRecord, Mode, Status
+from llama_jev.core.records import DecisionRecord, Mode, Status, normalize_query
 
 __all__ = [
     "SAMPLE_SHEET_COLUMNS",
@@ -153,13 +154,15 @@ def _pairs(entry: Any) -> Iterator[SamplePair]:
 
 @dataclass(frozen=True)
 class SampleSheet:
-    """What :func:`write_sample_sheet` wrote: where, how many rows, drawn from how many pairs,
-    and how many rows per tenth of p (``strata[0]``: 0 <= p < 0.1)."""
+    """What :func:`write_sample_sheet` wrote: where, how many rows, drawn from how many pairs
+    (``available``: distinct pairs not labelled yet), how many rows per tenth of p (``strata[0]``:
+    0 <= p < 0.1), and how many distinct pairs were left out as labelled already (``excluded``)."""
 
     path: Path
     rows: int
     available: int
     strata: tuple[int, ...]
+    excluded: int = 0
 
 
 def _stratum(p: float) -> int:
@@ -193,6 +196,7 @@ def write_sample_sheet(
     size: int = 300,
     seed: int = 0,
     blind: bool = True,
+    exclude: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] = (),
 ) -> SampleSheet:
     """Draw ``size`` pairs from a :class:`LabelSampler` file into a sheet to label.
 
@@ -202,26 +206,47 @@ def write_sample_sheet(
     the order nor a p anchors the labeller. The same question and passage is drawn once. The
     format follows the suffix: ``.csv`` (UTF-8, comma) or JSONL otherwise.
 
+    ``exclude``: labels files (JSONL or a filled sheet); a question and passage already answered
+    there is not drawn again, so a second sheet labelled into the same file adds only new pairs.
+
     Example:
         >>> write_sample_sheet("samples.jsonl", "sheet.csv", size=300).rows  # doctest: +SKIP
         300
+        >>> write_sample_sheet("samples.jsonl", "more.csv", exclude="labels.jsonl").excluded  # doctest: +SKIP
+        300
 
     Raises:
-        CalibrationInputError: an unreadable samples file. ValueError: ``size`` < 1.
+        CalibrationInputError: an unreadable samples or labels file. ValueError: ``size`` < 1.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be a positive number of pairs, got {size!r}")
+    labelled: set[tuple[str, str]] = set()
+    for labels in [exclude] if isinstance(exclude, (str, os.PathLike)) else exclude:
+        labelled |= labelled_pairs(labels)
+    pairs = list(read_samples(samples))
+    # A label names its pair by decision id (or by query); the sheet draws each question and passage once.
+    done = {(normalize_query(text), node) for kind, text, node in _flat(labelled) if kind == "q"}
+    questions = {pair.decision_id: normalize_query(pair.question) for pair in pairs}
+    done |= {(questions[text], node) for kind, text, node in _flat(labelled) if kind == "d" and text in questions}
     strata: list[list[SamplePair]] = [[] for _ in range(_STRATA)]
     seen: set[tuple[str, str]] = set()
-    for pair in read_samples(samples):
-        key = (" ".join(pair.question.split()).casefold(), pair.node_id)
+    for pair in pairs:
+        key = (normalize_query(pair.question), pair.node_id)
         if key in seen:
             continue
         seen.add(key)
-        strata[_stratum(pair.p)].append(pair)
-    available = len(seen)
-    if not available:
+        if key not in done:
+            strata[_stratum(pair.p)].append(pair)
+    excluded = len(seen & done)
+    available = len(seen) - excluded
+    if not seen:
         raise CalibrationInputError("no pairs to label (the samples file holds no candidates)", path=samples)
+    if not available:
+        raise CalibrationInputError(
+            f"no pairs left to label: all {excluded} of the sample are labelled already; keep SHADOW sampling "
+            "a while longer for new ones",
+            path=samples,
+        )
     rng = random.Random(seed)  # noqa: S311 - a reproducible sheet, not a secret
     quota = _allocate([len(stratum) for stratum in strata], size)
     chosen = [pair for stratum, count in zip(strata, quota, strict=True) for pair in rng.sample(stratum, count)]
@@ -249,4 +274,11 @@ def write_sample_sheet(
             writer.writerows(rows)
         else:
             handle.writelines(json.dumps({**row, "relevant": None}, ensure_ascii=False) + "\n" for row in rows)
-    return SampleSheet(path=target, rows=len(rows), available=available, strata=tuple(quota))
+    return SampleSheet(path=target, rows=len(rows), available=available, strata=tuple(quota), excluded=excluded)
+
+
+def _flat(labelled: set[tuple[str, str]]) -> Iterator[tuple[str, str, str]]:
+    """``("d" | "q", decision id or query, node id)`` of each labelled pair."""
+    for joined, node_id in labelled:
+        kind, _, text = joined.partition(":")
+        yield kind, text, node_id

@@ -44,7 +44,7 @@ class _QuerySide(NamedTuple):
 
 
 def load_parameters() -> dict[str, Any]:
-    """The fit :class:`FourSignalJudge` shipped with (``benchmarks/four_signal_judge.json``)."""
+    """The fit :class:`FourSignalJudge` shipped with (``judge_training/four_signal_judge.json``)."""
     text = (Path(__file__).resolve().parent / "four_signal_judge.json").read_text(encoding="utf-8")
     parameters: dict[str, Any] = json.loads(text)
     return parameters

@@ -17,7 +17,7 @@ hosting); 104 queries, each with passages of every kind:
 About one query in three also has a long passage (``long``: 90-150 words, a section of a page)
 of one of these kinds. Every passage is unique. The figures are **leave-one-domain-out**: a
 judge fitted on any of these pairs is measured only on the domains it never saw (see
-``benchmarks/train_local_judge.py``); today's judge never saw any of them.
+``judge_training/train_local_judge.py``); today's judge never saw any of them.
 
 Per kind, the table measures the pairs of that kind against the other side's pairs: a negative
 kind with all the positives, a positive kind with all the negatives, so AUC, precision at 0.8,
@@ -264,7 +264,7 @@ TRAINED = Path(__file__).resolve().parent / "trained" / "local_judge.json"
 
 
 def trained_candidate() -> dict[str, Any]:
-    """The fit ``train_local_judge.py`` wrote to ``benchmarks/trained`` (not shipped), its delta by absolute path."""
+    """The fit ``train_local_judge.py`` wrote to ``judge_training/trained`` (not shipped); its delta by full path."""
     fit: dict[str, Any] = json.loads(TRAINED.read_text(encoding="utf-8"))
     fit["delta"] = {**fit["delta"], "file": str(TRAINED.parent / fit["delta"]["file"])}
     return fit

@@ -2,7 +2,7 @@
 
 Run (in a **training** venv, never the runtime one): ``python3 -m venv /work/train-venv &&
 /work/train-venv/bin/pip install torch==2.13.0 && /work/train-venv/bin/pip install -e ".[local]"``,
-then ``nice -n 10 /work/train-venv/bin/python benchmarks/train_local_judge.py --mixes --epochs 12``
+then ``nice -n 10 /work/train-venv/bin/python judge_training/train_local_judge.py --mixes --epochs 12``
 (two threads, seed 29; 6 minutes on two cores when the machine is quiet, half an hour when it is
 busy). ``--lodo-only`` measures without writing.
 
@@ -31,9 +31,9 @@ What it does:
    12 and the two older sets, and scores the held-out domain; each domain's scores are mapped by
    Platt's fit (tightened as in ``fit_local_judge.py``; ``--untightened``: as fitted) on the other
    domains' held-out scores.
-   These are the figures per kind (``benchmarks/hard_set.py``), as written and length-matched.
+   These are the figures per kind (``judge_training/hard_set.py``), as written and length-matched.
 5. The model trained on all pairs, its mapping fitted on all held-out scores of step 4, is written
-   to ``benchmarks/trained/``: ``local_judge_delta.npz`` (the low-rank factors, biases and layer
+   to ``judge_training/trained/``: ``local_judge_delta.npz`` (the low-rank factors, biases and layer
    norms, fp32) and ``local_judge.json`` (the head, the mapping, the delta's sha256, and a record
    of the fit: seed, wall time, loss curves, the figures of step 4). It is **not** the shipped
    judge: to ship it, copy both files to ``llama_jev/assets`` (the judge merges the delta at load,
@@ -82,7 +82,7 @@ from llama_jev.local.tuned import DELTA_ASSET, ROLES, bias_name, layer_norm_name
 from llama_jev.local.weights import carried_file
 
 ASSETS = Path(__file__).resolve().parent.parent / "llama_jev" / "assets"
-# The shipped fit, a head on the untrained layer 9 (benchmarks/fit_local_judge.py): where training starts.
+# The shipped fit, a head on the untrained layer 9 (judge_training/fit_local_judge.py): where training starts.
 START = ASSETS / "local_judge.json"
 # Where the trained fit goes: beside the benchmarks, not into the package (see the module docstring).
 OUT = Path(__file__).resolve().parent / "trained"
@@ -347,7 +347,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/llama_jev_train_states.npz"))
     parser.add_argument("--mixes", action="store_true", help="add the longer mixed passages (hard_set.fitting_rows)")
     parser.add_argument(
-        "--out", type=Path, default=OUT, help="where to write the two files (default benchmarks/trained)"
+        "--out", type=Path, default=OUT, help="where to write the two files (default judge_training/trained)"
     )
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--rank", type=int, default=RANK)
@@ -455,7 +455,7 @@ def main() -> None:
         "mapping": mapping.to_dict(),
         "delta": {"file": Path(DELTA_ASSET).name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()},
         "fit": {
-            "script": "benchmarks/train_local_judge.py",
+            "script": "judge_training/train_local_judge.py",
             "data": [
                 "data/relevance/pairs.jsonl",
                 "data/relevance/generic_extra.jsonl",

@@ -9,9 +9,9 @@ candidate), fitted leave-one-domain-out on the other domains' held-out combined 
 
 Run in the **training** venv (the mapping code is ``train_local_judge.py``'s, which imports torch):
 
-    nice -n 10 python benchmarks/train_local_judge.py --mixes --epochs 12 --threads 1 \\
+    nice -n 10 python judge_training/train_local_judge.py --mixes --epochs 12 --threads 1 \\
         --out /tmp/cand --save-lodo /tmp/cand/lodo.npy          # the first candidate, written to a scratch dir
-    python benchmarks/ensemble_probe.py --lodo /tmp/cand/lodo.npy --fit /tmp/cand/local_judge.json --outside 0.5
+    python judge_training/ensemble_probe.py --lodo /tmp/cand/lodo.npy --fit /tmp/cand/local_judge.json --outside 0.5
 
 - v2's raw logit is its head on the untrained layer 9 (``weights · window_features + bias``, the
   shipped fit), computed here on the same rows (``hard_set.fitting_rows(mixes=True)``, the order of

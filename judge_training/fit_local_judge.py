@@ -1,9 +1,9 @@
 """Refit the offline judge on the shipped labelled set and write ``llama_jev/assets/local_judge.json``.
 
 That fit (``local-relevance-v2``, a head on the untrained cross-encoder's layer 9) is also where
-``benchmarks/train_local_judge.py`` starts.
+``judge_training/train_local_judge.py`` starts.
 
-Run: ``python benchmarks/fit_local_judge.py`` (needs ``pip install "llama-jev[local]"``; offline,
+Run: ``python judge_training/fit_local_judge.py`` (needs ``pip install -e ".[local]"`` in the clone; offline,
 deterministic, about a minute on two cores). ``--check`` refits and compares with the shipped file
 instead of writing it.
 
@@ -199,7 +199,7 @@ def main() -> None:
     parameters["fit"] = {
         "data": str(PAIRS.relative_to(PAIRS.parent.parent.parent)),
         "data_sha256": hashlib.sha256(PAIRS.read_bytes()).hexdigest(),
-        "script": "benchmarks/fit_local_judge.py",
+        "script": "judge_training/fit_local_judge.py",
         "features": f"{FEATURES[0]} .. {FEATURES[-2]}, {FEATURES[-1]} (llama_jev.local.FEATURES)",
         "train_pairs": int(train.sum()),
         "l2": l2,

@@ -1,6 +1,6 @@
 """A fit of the offline judge scored outside the labelled sets: what the tests and the example expect of it.
 
-Run: ``python benchmarks/outside_probes.py [--fit benchmarks/trained/local_judge.json]`` (default: the
+Run: ``python judge_training/outside_probes.py [--fit judge_training/trained/local_judge.json]`` (default: the
 shipped fit). A trained fit names its delta by a file beside it. Printed, with the default 0.2/0.8:
 
 - the tests' probes (``tests/test_local.py``, ``tests/test_local_trained.py``): plain short answers that

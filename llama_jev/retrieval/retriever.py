@@ -19,10 +19,10 @@ from llama_index_instrumentation.dispatcher import DISPATCHER_SPAN_DECORATED_ATT
 
 from llama_jev import stores
 from llama_jev.acl.diagnostics import warn_keys_absent
-from llama_jev.acl.rules import Acl, MetadataAcl
+from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.context import RuntimeContext, bind_if_given
 from llama_jev.core.records import Mode
-from llama_jev.engine.pipeline import JudgedRetrieval, check_query
+from llama_jev.engine.pipeline import AnyAcl, JudgedRetrieval, check_query
 from llama_jev.engine.rerank import listening
 from llama_jev.engine.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
 from llama_jev.stores import KeyCensus
@@ -94,7 +94,7 @@ class JevRetriever(BaseRetriever):
         self,
         retriever: BaseRetriever,
         selector: CandidateSelector,
-        acl: Acl,
+        acl: AnyAcl,
         candidate_limit: int = 20,
         top_k: int | None = None,
         *,
@@ -114,7 +114,8 @@ class JevRetriever(BaseRetriever):
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
         self._judged = JudgedRetrieval(selector, acl, question=question, component=self.class_name())
-        self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None
+        # Until llama_jev.stores takes any BatchAcl (branch stores34), it types its ACL as a MetadataAcl.
+        self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None  # type: ignore[arg-type]
         self._judged.pushdown = self._pushdown is not None
         # The store is asked once which configured keys no node holds (pushdown or not); a store
         # no adapter speaks cannot be asked, so the nodes that come back are checked instead.
@@ -136,7 +137,7 @@ class JevRetriever(BaseRetriever):
         cls,
         index: BaseIndex[Any],
         selector: CandidateSelector,
-        acl: Acl,
+        acl: AnyAcl,
         candidate_limit: int = 20,
         top_k: int = 5,
         *,
@@ -186,7 +187,7 @@ class JevRetriever(BaseRetriever):
         return self._judged.selector
 
     @property
-    def acl(self) -> Acl:
+    def acl(self) -> AnyAcl:
         """The ACL applied to every candidate."""
         return self._judged.acl
 

@@ -132,8 +132,7 @@ class JevRetriever(BaseRetriever):
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
         self._judged = JudgedRetrieval(selector, acl, question=question, component=self.class_name())
-        # Until llama_jev.stores takes any BatchAcl (branch stores34), it types its ACL as a MetadataAcl.
-        self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None  # type: ignore[arg-type]
+        self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None
         self._judged.pushdown = self._pushdown is not None
         # The store is asked once which configured keys no node holds (pushdown or not); a store
         # no adapter speaks cannot be asked, so the nodes that come back are checked instead.
@@ -304,7 +303,7 @@ class JevRetriever(BaseRetriever):
             else:
                 upstream = copy.copy(self.retriever)
                 assert self._pushdown is not None  # a restriction is asked only with one
-                applied = _apply(self._pushdown, upstream, checked, ctx)
+                applied = self._pushdown.apply(upstream, checked, ctx)
                 kind = checked.kind if applied else "none"
         elif can_widen:
             upstream = copy.copy(self.retriever)
@@ -432,19 +431,6 @@ def _checked_restriction(engine: str, restriction: object) -> Restriction:
         engine=engine,
         reason="INVALID_RESPONSE",
     )
-
-
-def _apply(pushdown: stores.Pushdown, upstream: BaseRetriever, restriction: Restriction, ctx: RuntimeContext) -> bool:
-    """Restrict ``upstream`` to ``restriction`` through the store's adapter; whether the store now pre-selects."""
-    apply: Callable[[BaseRetriever, Restriction, RuntimeContext], bool] | None = getattr(pushdown, "apply", None)
-    if apply is not None:
-        return apply(upstream, restriction, ctx)
-    # TEMPORARY until branch stores34 (Pushdown.apply) is merged: 0.2's restrict() states a MetadataAcl only.
-    if isinstance(restriction, Unknown):
-        return False
-    if not isinstance(restriction, Everything):
-        pushdown.restrict(upstream, ctx)
-    return True
 
 
 def _bundle(query: QueryType) -> QueryBundle:

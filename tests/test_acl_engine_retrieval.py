@@ -197,7 +197,7 @@ async def test_the_async_path_never_calls_the_engine_synchronously() -> None:
     retriever = JevRetriever(memory_index().as_retriever(similarity_top_k=5), _selector(Mode.SHADOW), acl)
     nodes = await _retrieve(retriever, sync=False)
     assert names(nodes) == ["acme-refund"]
-    assert acl.async_calls == 1
+    assert acl.async_calls == 2  # two rounds (5, then 10: the store's seven), each awaited
 
 
 def test_an_acl_that_is_neither_callable_nor_a_batch_acl_is_refused() -> None:

@@ -269,11 +269,8 @@ def test_limits_are_validated(candidate_limit: int, top_k: int, message: str) ->
 MANY = tuple(Doc(f"acme-doc-{i:02d}", 0.9, f"refund conditions passage {i}", "acme", public=True) for i in range(40))
 
 
-# Without pushdown (prefilter off here) the store is asked for twice the count wanted: denied
-# nodes are expected among them (widening, llama_jev.retrieval.widening). The judge still sees
-# only the count wanted.
 @pytest.mark.parametrize(
-    ("mode", "recalled", "judged"), [(Mode.OFF, 10, 0), (Mode.SHADOW, 10, 5), (Mode.ENFORCE, 40, 20)]
+    ("mode", "recalled", "judged"), [(Mode.OFF, 5, 0), (Mode.SHADOW, 5, 5), (Mode.ENFORCE, 20, 20)]
 )
 async def test_recall_expansion_per_mode(
     jev_server: SystemOneTestServer, events: list[BaseEvent], mode: Mode, recalled: int, judged: int
@@ -371,7 +368,7 @@ async def test_a_handler_added_later_hears_the_retriever_that_nobody_heard_befor
         assert ours == [f"JevRetriever.{method}", "JevRetriever.judge"]
     else:
         ends = [len(e.nodes) for e in events.events if isinstance(e, RetrievalEndEvent)]
-        assert ends == [40, 2]  # the wrapped retriever's (twice the 20 wanted: no pushdown), then ours
+        assert ends == [20, 2]  # the wrapped retriever's, then ours
 
 
 def test_a_legacy_callback_handler_still_gets_the_retrievers_retrieve_event() -> None:

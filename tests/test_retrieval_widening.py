@@ -228,16 +228,18 @@ def _counting_index(nodes: list[TextNode]) -> tuple[VectorStoreIndex, CountingSt
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-async def test_the_window_doubles_from_twice_k_without_pushdown_until_k_are_found(use_async: bool) -> None:
+async def test_the_window_doubles_until_k_are_found_and_starts_wider_once_denials_are_seen(use_async: bool) -> None:
     nodes = plain_nodes(200)
     # Only every 9th node is readable: 5 readable need the first 37 nodes.
     index, store = _counting_index(nodes)
     retriever = JevRetriever.from_index(
         index, _selector(Mode.OFF), lambda ctx, node: int(node.text.split()[-1]) % 9 == 0, top_k=5
     )
-    got = await _retrieve(retriever, use_async)
-    assert [int(node.node.text.split()[-1]) for node in got] == [0, 9, 18, 27, 36]
-    assert store.asked == [10, 20, 40]
+    for _ in range(2):
+        got = await _retrieve(retriever, use_async)
+        assert [int(node.node.text.split()[-1]) for node in got] == [0, 9, 18, 27, 36]
+    # The first query starts at k; the final check dropped nodes, so the next starts at 2k.
+    assert store.asked == [5, 10, 20, 40, 10, 20, 40]
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
@@ -263,7 +265,7 @@ async def test_an_exhausted_store_ends_the_rounds_without_a_warning(
     with caplog.at_level(logging.WARNING, logger="llama_jev"):
         got = await _retrieve(retriever, use_async)
     assert len(got) == 12
-    assert store.asked == [40]  # 12 < 40 asked: the store holds no more
+    assert store.asked == [20]  # 12 < 20 asked: the store holds no more
     assert (records[0].wanted, records[0].found, records[0].rounds) == (20, 12, 1)
     assert not [record for record in caplog.records if "fewer nodes than wanted" in record.getMessage()]
 
@@ -302,8 +304,8 @@ async def test_the_bound_is_named_once_per_retriever_in_every_mode(
     with caplog.at_level(logging.WARNING, logger="llama_jev"):
         assert await _retrieve(retriever, use_async) == []
         assert await _retrieve(retriever, use_async) == []
-    assert store.asked[-1] == MAX_RECALL
-    assert store.asked[:3] == [10, 20, 40]
+    rounds = [5, 10, 20, 40, 80, 160, 320, 640, MAX_RECALL]
+    assert store.asked == rounds + rounds[1:]  # the second query starts wider: denials were seen
     warnings = [record.getMessage() for record in caplog.records if "fewer nodes than wanted" in record.getMessage()]
     assert len(warnings) == 1
     assert "no pushdown" in warnings[0]
@@ -311,7 +313,7 @@ async def test_the_bound_is_named_once_per_retriever_in_every_mode(
     assert "0 of the 5" in warnings[0]
     assert not any(node_id in warnings[0] for node_id in readable)
     if mode is Mode.SHADOW:
-        assert [(r.wanted, r.found, r.rounds) for r in records] == [(5, 0, 8)] * 2
+        assert [(r.wanted, r.found, r.rounds) for r in records] == [(5, 0, 9), (5, 0, 8)]
 
 
 async def test_a_bound_reached_with_pushdown_names_the_final_check(caplog: pytest.LogCaptureFixture) -> None:

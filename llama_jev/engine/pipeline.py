@@ -86,6 +86,8 @@ def _asking(nodes: Sequence[NodeWithScore]) -> _Asking:
     cannot be told apart in one answer; each repeat goes into a batch of its own, so every node
     is decided on its own metadata, as a per-node check would.
     """
+    if len({node.node.node_id for node in nodes}) == len(nodes):  # the usual case: one batch
+        return _Asking(rounds=[list(range(len(nodes)))], asked=[[node.node for node in nodes]])
     rounds: list[list[int]] = []
     repeats: dict[str, int] = {}
     for index, node in enumerate(nodes):

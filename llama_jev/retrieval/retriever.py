@@ -91,12 +91,15 @@ class JevRetriever(BaseRetriever):
     Recall and widening: a retriever with a settable ``similarity_top_k`` (VectorIndexRetriever,
     Qdrant, BM25, ...) is asked, per query and on a private shallow copy, for the count wanted:
     ``max(candidate_limit, top_k)`` permitted nodes in ENFORCE, ``top_k`` in OFF / SHADOW (twice
-    that at first without pushdown, since denied nodes are expected). When the final check leaves
+    that at first without pushdown once the final check has dropped nodes of an earlier query).
+    When the final check leaves
     fewer and the store returned all it was asked for, it is asked again with a doubled window,
     until the count is met, the store holds no more, or 1,024 candidates were recalled; a node is
     counted once. A shortfall the bound causes is never silent: the record has ``wanted``,
-    ``found`` and ``rounds``, and one WARNING per retriever and cause names the cause. Any other
-    retriever (a fusion retriever, say) is used as it is, in one round: its own limit decides how
+    ``found`` and ``rounds``, and one WARNING per retriever and cause names the cause. A fusion
+    retriever is widened through its own ``similarity_top_k``, as far as its sub-retrievers' ``k``
+    lets it (an answer shorter than asked reads as "no more"). Any other retriever (one of your
+    own without ``similarity_top_k``) is used as it is, in one round: its own limit decides how
     many candidates there are.
 
     Permissions engines carry their own timeout (``CerbosAcl(timeout=...)``); the judgement's
@@ -144,6 +147,8 @@ class JevRetriever(BaseRetriever):
             logging.getLogger("llama_jev").warning("JevRetriever: %s", advice)
         # Once per retriever (not per process): every retriever over a sync-only store is told.
         self._warned_sync_only = threading.Event()
+        # Whether the final check has dropped nodes of a query without pushdown (see Widening).
+        self._denials_seen = False
         self.retriever = retriever
         self.candidate_limit = candidate_limit
         self.top_k = top_k
@@ -222,7 +227,12 @@ class JevRetriever(BaseRetriever):
 
     @property
     def recall_k(self) -> int | None:
-        """How many nodes the wrapped retriever is asked for in the current mode."""
+        """How many permitted nodes a query wants in the current mode (the store's first window with pushdown).
+
+        ``max(candidate_limit, top_k)`` in ENFORCE, ``top_k`` otherwise; without pushdown the first
+        window is twice this once the final check has dropped nodes, and widening doubles it while
+        the final check leaves fewer.
+        """
         if self._judged.mode is Mode.ENFORCE:
             return max(self.candidate_limit, self.top_k or 0)
         return self.top_k
@@ -305,17 +315,18 @@ class JevRetriever(BaseRetriever):
                 assert self._pushdown is not None  # a restriction is asked only with one
                 applied = self._pushdown.apply(upstream, checked, ctx)
                 kind = checked.kind if applied else "none"
-        elif can_widen:
-            upstream = copy.copy(self.retriever)
         wanted = self.recall_k if self.top_k is not None else None
         # Nothing: the store holds nothing this caller may read, so nothing is missing either.
-        widening = Widening(wanted, can_widen, applied, exhausted=upstream is None)
-        return _Query(upstream, widening, applied, kind)
+        widening = Widening(wanted, can_widen, applied, self._denials_seen, exhausted=upstream is None)
+        return _Query(upstream, widening, applied, kind, owned=upstream is not self.retriever)
 
     def _outcome(self, query: _Query) -> tuple[list[NodeWithScore], RetrievalFacts]:
         """The candidates of a finished query and what its record says; a shortfall is logged."""
         widening = query.widening
         widening.warn(self._judged.warned, self.class_name())
+        if widening.dropped and not query.pushdown:
+            # From now on this retriever's first window is wider without pushdown (NO_PUSHDOWN_FACTOR).
+            self._denials_seen = True
         retrieved, denied = widening.counts()
         candidates = widening.candidates()
         facts = RetrievalFacts(
@@ -411,12 +422,16 @@ class _Query:
     widening: Widening
     pushdown: bool
     restriction: RestrictionKindName
+    # Whether upstream is this query's own copy (else the caller's retriever, never to be changed).
+    owned: bool = False
 
     def at(self, window: int) -> BaseRetriever:
         """The retriever for a round asking ``window`` nodes (``0``: as it is)."""
         assert self.upstream is not None
         if window and _top_k_of(self.upstream) != window:
-            # The query's own copy (never the caller's retriever, which may serve other queries).
+            if not self.owned:
+                # A copy, never a mutation: the caller's retriever may serve other queries concurrently.
+                self.upstream, self.owned = copy.copy(self.upstream), True
             setattr(self.upstream, _TOP_K_ATTRIBUTE, window)
         return self.upstream
 

@@ -233,7 +233,8 @@ class QdrantPushdown(Pushdown):
         except CannotState as refused:
             return self.refuse(refused.operator, refused.why)
         if ids is not None:
-            own: list[str] | None = getattr(self.retriever, "_node_ids", None)
+            # The Qdrant store reads an empty node_ids as no restriction (as_retriever passes []).
+            own: list[str] | None = getattr(self.retriever, "_node_ids", None) or None
             admitted = sorted(_point_ids(ids) if own is None else _point_ids(ids) & set(own))
             if not admitted:  # never node_ids=[]: the Qdrant store reads an empty list as no restriction
                 filters = match_nothing(_NOTHING_KEY)

@@ -36,6 +36,7 @@ from llama_jev.acl.conditions import (
     Unknown,
 )
 from llama_jev.acl.rules import AclTerms, MetadataAcl
+from llama_jev.core.errors import UntranslatableFilterError
 from llama_jev.core.identity import RuntimeContext
 
 __all__ = [
@@ -82,11 +83,13 @@ class KeyCensus:
     present: tuple[str, ...] = ()
 
 
-class CannotState(ValueError):
+class CannotState(UntranslatableFilterError):
     """A store's translation cannot state ``operator`` exactly or as a superset: no pushdown for this query.
 
     Raised inside an adapter's translation and turned by :meth:`Pushdown.refuse` into one WARNING
-    per retriever. ``why`` names the operator's shape or a value's *type*, never a value.
+    per retriever. ``why`` names the operator's shape or a value's *type*, never a value. An
+    :class:`~llama_jev.errors.UntranslatableFilterError` (a ``JevError`` and a ``ValueError``), as
+    a caller's filter a store cannot state is.
     """
 
     def __init__(self, operator: str, why: str) -> None:

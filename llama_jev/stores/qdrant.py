@@ -111,7 +111,7 @@ def qdrant_condition(condition: Condition) -> MetadataFilters:
     metadata filter: :class:`QdrantPushdown` states it as the query's ``node_ids``.
 
     Raises:
-        CannotState: ``not``, ``id-in`` without a key, or a value Qdrant cannot compare.
+        CannotState (an ``UntranslatableFilterError``): ``not``, ``id-in`` without a key, or a value Qdrant cannot compare.
 
     Example::
 

@@ -127,4 +127,9 @@ def condition_metadata(rng: random.Random, index: int) -> dict[str, Any]:
         values["label"] = rng.choice(LABELS)
     elif draw < 0.8:
         values["label"] = rng.sample(LABELS, rng.randint(1, 3))  # a list of strings
+    # Keys a store might read as more than a name: a path (Qdrant reads a.b as b inside a), a quote.
+    if rng.random() < 0.6:
+        values["org.unit"] = rng.choice(["x", "y", "acme' OR 1=1 --"])
+    if rng.random() < 0.6:
+        values['say "hi"'] = rng.choice(["x", "y"])
     return values

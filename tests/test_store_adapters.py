@@ -200,6 +200,8 @@ CONDITIONS: dict[str, tuple[Condition, frozenset[str], frozenset[str]]] = {
     "equals-false": (Equals("level", False), frozenset(), frozenset()),
     "equals-float": (Equals("level", 1.5), frozenset({"chroma"}), frozenset()),
     "equals-string-one": (Equals("level", "1"), frozenset(), frozenset()),
+    "equals-dotted-key": (Equals("org.unit", "x"), frozenset(), frozenset()),
+    "equals-quoted-key": (Equals('say "hi"', "x"), frozenset(), frozenset({"qdrant"})),
     "in-mixed-types": (In("level", (1, "1", False, "acme' OR 1=1 --")), frozenset(), frozenset()),
     "in-empty": (In("level", ()), frozenset(), frozenset()),
     "list-contains": (ListContains("users", "u1"), frozenset(), frozenset()),

@@ -145,7 +145,8 @@ def chroma_condition(condition: Condition) -> Where:
     not a ``where``: :class:`ChromaPushdown` states it as the query's ``ids``.
 
     Raises:
-        CannotState (an ``UntranslatableFilterError``): what Chroma cannot state exactly or as a superset (see the module docstring).
+        CannotState (an ``UntranslatableFilterError``): what Chroma cannot state exactly or as a
+            superset (see the module docstring).
 
     Example::
 

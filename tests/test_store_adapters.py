@@ -301,30 +301,59 @@ def test_every_adapter_states_every_operator_exactly_or_as_a_superset_or_refuses
     restricted: tuple[type[Pushdown], BaseRetriever], caplog: pytest.LogCaptureFixture
 ) -> None:
     adapter, retriever = restricted
-    engine = _Engine()
-    pushdown = pushdown_for(retriever, engine, set())
-    assert type(pushdown) is adapter
+    assert type(pushdown_for(retriever, _Engine(), set())) is adapter
+    assert _outcomes(adapter, retriever, caplog) == _claims(adapter.name)
+
+
+@pytest.mark.slow
+def test_postgres_over_a_jsonb_column_states_every_operator_exactly(
+    postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("llama_index.vector_stores.postgres")
+    from llama_jev.stores.postgres import AclPGVectorStore, PostgresPushdown
+
+    from .postgres_support import store_kwargs
+
+    table = f"equivalence_jsonb_{random.randrange(10**9)}"
+    store = AclPGVectorStore(**store_kwargs(postgres_server, table, embed_dim=8, use_jsonb=True))
+    try:
+        retriever = _index_over(store).as_retriever(similarity_top_k=NODES)
+        assert _outcomes(PostgresPushdown, retriever, caplog) == _claims("postgres")
+    finally:
+        assert store._engine is not None
+        store._engine.dispose()
+
+
+def _claims(store: str) -> dict[str, str]:
+    return {
+        name: "refused" if store in refused else "superset" if store in loose else "exact"
+        for name, (_, loose, refused) in RESTRICTIONS.items()
+    }
+
+
+def _outcomes(adapter: type[Pushdown], retriever: BaseRetriever, caplog: pytest.LogCaptureFixture) -> dict[str, str]:
+    """Each restriction applied to a copy of ``retriever``: ``exact``, ``superset`` or ``refused`` (never a subset)."""
     outcome: dict[str, str] = {}
     for name, (restriction, _, _) in RESTRICTIONS.items():
+        engine = _Engine()
         engine.answer = restriction
         upstream = copy.copy(retriever)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="llama_jev"):
-            applied = pushdown.apply(upstream, restriction, CALLER)
+            applied = adapter(retriever, engine, set()).apply(upstream, restriction, CALLER)
         want = {node.node_id for node in NODE_SET if _admits(restriction, node)}
-        if not applied:
-            outcome[name] = "refused"
-            # No pushdown: the retriever runs as the caller built it.
-            assert {node.node.node_id for node in upstream.retrieve(QueryBundle(QUERY))} >= want
-            continue
         got = {node.node.node_id for node in upstream.retrieve(QueryBundle(QUERY))}
+        # Refused, the retriever runs as the caller built it (every node here); applied, never a subset.
         assert got >= want, f"{adapter.name} dropped {len(want - got)} node(s) {name} admits"
-        outcome[name] = "exact" if got == want else "superset"
-    expected = {
-        name: "refused" if adapter.name in refused else "superset" if adapter.name in loose else "exact"
-        for name, (_, loose, refused) in RESTRICTIONS.items()
-    }
-    assert outcome == expected
+        warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+        if applied:
+            assert warnings == [], name
+            outcome[name] = "exact" if got == want else "superset"
+        else:
+            assert len(warnings) == 1, name
+            assert f"no pushdown into {adapter.name}" in warnings[0]
+            outcome[name] = "refused"
+    return outcome
 
 
 def test_a_refused_operator_is_one_warning_per_retriever_naming_it_never_a_value(

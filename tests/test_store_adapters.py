@@ -45,6 +45,7 @@ from llama_jev.acl import (
     evaluate,
 )
 from llama_jev.stores import Pushdown, adapter_for, adapters, aretrieve, pushdown_for, register
+from llama_jev.stores.base import CannotState, checked_condition
 from llama_jev.testing.postgres import PostgresServer
 
 from .store_data import ACLS, acl_metadata, callers, condition_metadata, embedding
@@ -417,6 +418,35 @@ async def test_an_applied_restriction_holds_on_the_async_path(restricted: tuple[
     assert adapter(retriever, _Engine(), set()).apply(upstream, restriction, CALLER)
     got = {node.node.node_id for node in await aretrieve(upstream, QueryBundle(QUERY), threading.Event())}
     assert got == {node.node_id for node in NODE_SET if _admits(restriction, node)}
+
+
+@pytest.mark.parametrize(
+    ("condition", "why"),
+    [
+        (Equals("level", float("nan")), "a non-finite float value"),
+        (In("level", (1, None)), "a value of type NoneType"),  # type: ignore[arg-type]
+        (ListContains("users", 3), "a value of type int where a string is compared"),  # type: ignore[arg-type]
+        (Intersects(7, ("a",)), "a metadata key of type int"),  # type: ignore[arg-type]
+        (Equals("", "x"), "a metadata key of type str"),
+        (IdIn(frozenset({1})), "a value of type int"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_value_no_store_compares_is_refused_before_any_store_is_asked(condition: Condition, why: str) -> None:
+    for adapter_name in ("qdrant", "chroma"):
+        retriever = next(BUILDERS[adapter_name](None))  # type: ignore[arg-type]  # no fixture needed
+        upstream = copy.copy(retriever)
+        assert (
+            adapter_for(retriever)(retriever, _Engine(), set()).apply(upstream, Conditional(condition), CALLER) is False
+        )  # type: ignore[misc]
+    with pytest.raises(CannotState, match=why):
+        checked_condition(condition)
+
+
+def test_something_that_is_not_a_restriction_is_a_type_error_not_a_guess() -> None:
+    for retriever in (next(_memory(None)), next(_qdrant_retriever())):  # type: ignore[arg-type]
+        pushdown = pushdown_for(retriever, _Engine(), set())
+        with pytest.raises(TypeError, match="a restriction must be"):
+            pushdown.apply(copy.copy(retriever), Equals("tenant", "acme"), CALLER)  # type: ignore[arg-type]
 
 
 # --- 0.2's adapters, and what pushdown_for accepts ------------------------------------------------

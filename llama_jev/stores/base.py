@@ -36,6 +36,7 @@ from llama_jev.acl.conditions import (
     Unknown,
 )
 from llama_jev.acl.rules import AclTerms, MetadataAcl
+from llama_jev.core.errors import UntranslatableFilterError
 from llama_jev.core.identity import RuntimeContext
 
 __all__ = [
@@ -82,11 +83,13 @@ class KeyCensus:
     present: tuple[str, ...] = ()
 
 
-class CannotState(ValueError):
+class CannotState(UntranslatableFilterError):
     """A store's translation cannot state ``operator`` exactly or as a superset: no pushdown for this query.
 
     Raised inside an adapter's translation and turned by :meth:`Pushdown.refuse` into one WARNING
-    per retriever. ``why`` names the operator's shape or a value's *type*, never a value.
+    per retriever. ``why`` names the operator's shape or a value's *type*, never a value. An
+    :class:`~llama_jev.errors.UntranslatableFilterError` (a ``JevError`` and a ``ValueError``), as
+    a caller's filter a store cannot state is.
     """
 
     def __init__(self, operator: str, why: str) -> None:
@@ -121,16 +124,22 @@ def checked_condition(condition: Condition) -> Condition:
     elif isinstance(condition, Not):
         checked_condition(condition.term)
     elif isinstance(condition, Equals):
+        _checked_key(condition.operator, condition.key)
         checked_scalar(condition.operator, condition.value)
     elif isinstance(condition, In):
+        _checked_key(condition.operator, condition.key)
         for value in condition.values:
             checked_scalar(condition.operator, value)
     elif isinstance(condition, ListContains):
+        _checked_key(condition.operator, condition.key)
         _checked_string(condition.operator, condition.value)
     elif isinstance(condition, Intersects):
+        _checked_key(condition.operator, condition.key)
         for value in condition.values:
             _checked_string(condition.operator, value)
     elif isinstance(condition, IdIn):
+        if condition.key is not None:
+            _checked_key(condition.operator, condition.key)
         for value in condition.ids:
             _checked_string(condition.operator, value)
     else:
@@ -138,20 +147,33 @@ def checked_condition(condition: Condition) -> Condition:
     return condition
 
 
+def _checked_key(operator: str, key: object) -> None:
+    if not isinstance(key, str) or not key:
+        raise CannotState(operator, f"a metadata key of type {type(key).__name__} (a non-empty str is needed)")
+
+
 def _checked_string(operator: str, value: object) -> None:
     if not isinstance(value, str):
         raise CannotState(operator, f"a value of type {type(value).__name__} where a string is compared")
 
 
-def condition_of(restriction: Nothing | Ids | Conditional) -> Condition | None:
+def condition_of(restriction: Nothing | Ids | Conditional, *, checked: bool = True) -> Condition | None:
     """The condition a store must state for ``restriction``; ``None``: match nothing.
+
+    ``checked=False`` skips the values' check, for a store that reads any value as ``evaluate`` does.
 
     Raises:
         CannotState: a value in it no store can compare (see :func:`checked_condition`).
+        TypeError: ``restriction`` is none of the restriction kinds (an engine's bug: never guessed at).
     """
     if isinstance(restriction, Nothing):
         return None
-    return checked_condition(restriction.condition)
+    if not isinstance(restriction, (Ids, Conditional)):
+        raise TypeError(
+            f"a restriction must be Everything, Nothing, Ids, Conditional or Unknown (llama_jev.acl), "
+            f"not {type(restriction).__name__}"
+        )
+    return checked_condition(restriction.condition) if checked else restriction.condition
 
 
 def node_id_terms(condition: Condition) -> tuple[frozenset[str] | None, Condition]:

@@ -145,7 +145,8 @@ def chroma_condition(condition: Condition) -> Where:
     not a ``where``: :class:`ChromaPushdown` states it as the query's ``ids``.
 
     Raises:
-        CannotState: what Chroma cannot state exactly or as a superset (see the module docstring).
+        CannotState (an ``UntranslatableFilterError``): what Chroma cannot state exactly or as a
+            superset (see the module docstring).
 
     Example::
 
@@ -294,6 +295,18 @@ def _own_where(retriever: BaseRetriever) -> Where | None:
     return _join("$and", parts) if parts else None
 
 
+def _present(retriever: BaseRetriever, ids: frozenset[str] | set[str]) -> list[str]:
+    """The ``ids`` the collection holds: Chroma 1.5's query fails outright on an id it does not hold.
+
+    (``get`` does not, so it asks first: one round trip, ids only.)
+    """
+    if not ids:
+        return []
+    collection = vector_store_of(retriever)._collection
+    found: list[str] = collection.get(ids=sorted(ids), include=[])["ids"]
+    return sorted(found)
+
+
 def _kwargs_of(retriever: BaseRetriever) -> Mapping[str, Any]:
     kwargs: Mapping[str, Any] = getattr(retriever, "_kwargs", None) or {}
     return kwargs
@@ -356,7 +369,9 @@ class ChromaPushdown(Pushdown):
             return self.refuse(refused.operator, refused.why)
         if ids is not None:
             own = kwargs.get("ids")
-            admitted = sorted(ids if own is None else ids & set([own] if isinstance(own, str) else own))
+            admitted = _present(
+                self.retriever, ids if own is None else ids & set([own] if isinstance(own, str) else own)
+            )
             if admitted:
                 kwargs["ids"] = admitted
             else:

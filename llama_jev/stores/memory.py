@@ -19,11 +19,11 @@ from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
 from llama_jev.acl.batch import BatchAcl
-from llama_jev.acl.conditions import Everything, IdIn, Nothing, Restriction, Unknown, evaluate
+from llama_jev.acl.conditions import Everything, IdIn, Restriction, Unknown, evaluate
 from llama_jev.acl.diagnostics import warn_malformed
 from llama_jev.acl.rules import AclTerms, MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, acl_metadata_filters, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, acl_metadata_filters, condition_of, vector_store_of
 
 __all__ = ["MemoryPushdown", "simple_filters"]
 
@@ -135,7 +135,7 @@ class MemoryPushdown(Pushdown):
             upstream._node_ids = self.readable_ids(ctx)  # type: ignore[attr-defined]
             return True
         # evaluate() is the reference meaning itself: any condition, any value, nothing to refuse.
-        condition = None if isinstance(restriction, Nothing) else restriction.condition
+        condition = condition_of(restriction, checked=False)
         store: SimpleVectorStore = vector_store_of(self.retriever)
         metadata = store.data.metadata_dict
         ids = _own_ids(self.retriever)

@@ -15,6 +15,8 @@ value a typed field of the request, never part of a query string. The operators,
   a key (node ids, which are Qdrant point ids, not payload), only as a term the whole condition
   ANDs: the retriever's ``node_ids`` (``HasId``); inside an ``or`` / ``not`` it is refused.
 - ``and`` / ``or``: nested filter groups (an empty ``and`` is true, an empty ``or`` false).
+- a key Qdrant would read as a path (``a.b``, ``a[]``) is quoted, so it names the flat key the
+  metadata holds; a key holding a double quote is refused.
 - ``not``: refused. Qdrant matches a list field when any element matches, so the negation of a
   match can drop a node the ACL admits (``not equals "draft"`` over ``["draft", "final"]``).
 
@@ -38,6 +40,7 @@ from llama_jev.acl.conditions import (
     Condition,
     Equals,
     Everything,
+    IdIn,
     In,
     Intersects,
     ListContains,
@@ -62,7 +65,7 @@ from llama_jev.stores.base import (
     vector_store_of,
 )
 
-__all__ = ["QdrantPushdown", "is_qdrant", "qdrant_condition", "qdrant_filters", "sync_only"]
+__all__ = ["QdrantPushdown", "is_qdrant", "payload_key", "qdrant_condition", "qdrant_filters", "sync_only"]
 
 # The key of the filter no node satisfies, when a condition names none of its own.
 _NOTHING_KEY = "llama_jev_match_nothing"
@@ -111,7 +114,8 @@ def qdrant_condition(condition: Condition) -> MetadataFilters:
     metadata filter: :class:`QdrantPushdown` states it as the query's ``node_ids``.
 
     Raises:
-        CannotState: ``not``, ``id-in`` without a key, or a value Qdrant cannot compare.
+        CannotState (an ``UntranslatableFilterError``): ``not``, ``id-in`` without a key, a value
+            Qdrant cannot compare.
 
     Example::
 
@@ -136,17 +140,40 @@ def _stated(condition: Condition) -> _Stated:
             "not",
             "Qdrant matches a list field when any element matches, so a negated match could drop a node the ACL admits",
         )
-    if isinstance(condition, Equals):
-        return _equals(condition.key, condition.value)
-    if isinstance(condition, In):
-        return _group([_equals(condition.key, value) for value in condition.values], FilterCondition.OR)
-    if isinstance(condition, ListContains):
-        return MetadataFilter(key=condition.key, operator=FilterOperator.IN, value=[condition.value])
-    if isinstance(condition, Intersects):
-        return _any(condition.key, list(condition.values))
-    if condition.key is None:
+    if isinstance(condition, IdIn) and condition.key is None:
         raise CannotState("id-in", "node ids are Qdrant point ids, not payload: only as a term the condition ANDs")
-    return _any(condition.key, sorted(condition.ids))
+    assert condition.key is not None  # IdIn without a key is refused above
+    key = payload_key(condition.operator, condition.key)
+    if isinstance(condition, Equals):
+        return _equals(key, condition.value)
+    if isinstance(condition, In):
+        return _group([_equals(key, value) for value in condition.values], FilterCondition.OR)
+    if isinstance(condition, ListContains):
+        return MetadataFilter(key=key, operator=FilterOperator.IN, value=[condition.value])
+    if isinstance(condition, Intersects):
+        return _any(key, list(condition.values))
+    return _any(key, sorted(condition.ids))
+
+
+def payload_key(operator: str, key: str) -> str:
+    """``key`` as Qdrant addresses that flat payload key: quoted when Qdrant would read it as a path.
+
+    Qdrant reads ``a.b`` as the field ``b`` inside ``a`` and ``a[]`` as an array's elements; the
+    metadata LlamaIndex writes (and the ACL reads) is flat, so such a key is quoted (``"a.b"``).
+
+    Raises:
+        CannotState: a key holding a double quote, which a quoted key cannot hold.
+    """
+    path = _path(key)
+    if path is None:
+        raise CannotState(operator, "a metadata key holding a double quote, which Qdrant cannot address as one key")
+    return path
+
+
+def _path(key: str) -> str | None:
+    if '"' in key:
+        return None
+    return f'"{key}"' if any(character in key for character in ".[]") else key
 
 
 def _any(key: str, values: list[str]) -> _Stated:
@@ -233,7 +260,8 @@ class QdrantPushdown(Pushdown):
         except CannotState as refused:
             return self.refuse(refused.operator, refused.why)
         if ids is not None:
-            own: list[str] | None = getattr(self.retriever, "_node_ids", None)
+            # The Qdrant store reads an empty node_ids as no restriction (as_retriever passes []).
+            own: list[str] | None = getattr(self.retriever, "_node_ids", None) or None
             admitted = sorted(_point_ids(ids) if own is None else _point_ids(ids) & set(own))
             if not admitted:  # never node_ids=[]: the Qdrant store reads an empty list as no restriction
                 filters = match_nothing(_NOTHING_KEY)
@@ -299,7 +327,7 @@ def _holds(key: str) -> Any:
     """A Qdrant filter matching the points whose payload holds ``key`` (not missing, null or empty)."""
     from qdrant_client import models  # only reached with a Qdrant store, so the extra is installed
 
-    return models.Filter(must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=key))])
+    return models.Filter(must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=_path(key) or key))])
 
 
 def _census(name: str, sample: Sequence[Any], absent: Sequence[str]) -> KeyCensus:

@@ -221,3 +221,49 @@ def test_an_engines_condition_is_pushed_down_and_recorded_as_a_condition() -> No
     got = retriever.retrieve(QUERY, ctx=ALICE)
     assert sorted(node.node.node_id for node in got) == ["n001", "n002"]
     assert records[0].restriction == "condition"
+
+
+def test_a_restriction_the_store_cannot_state_runs_that_query_without_pushdown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Qdrant cannot state `not`: no pushdown for the query (one warning naming the operator), the
+    # final check keeps the answer the same, and the record says no restriction was used.
+    from llama_index.vector_stores.qdrant import QdrantVectorStore
+    from qdrant_client import QdrantClient
+
+    from llama_jev.acl import Equals, Not
+
+    client = QdrantClient(location=":memory:")
+    nodes = [
+        TextNode(
+            id_=f"00000000-0000-4000-8000-{i:012d}",
+            text=f"refund conditions {i}",
+            embedding=[1.0, 0.02 * i, 0, 0, 0, 0, 0, 0],
+            metadata={"tenant": "acme" if i % 3 else "globex"},
+        )
+        for i in range(30)
+    ]
+    allowed = {node.node_id for node in nodes if node.metadata["tenant"] == "acme"}
+    try:
+        index = VectorStoreIndex(
+            nodes,
+            storage_context=StorageContext.from_defaults(
+                vector_store=QdrantVectorStore(client=client, collection_name="refused")
+            ),
+            embed_model=HashEmbedding(dimensions=DIMENSIONS),
+        )
+        records: list[DecisionRecord] = []
+        acl = AllowListAcl(allowed, restriction=Conditional(Not(Equals("tenant", "globex"))))
+        retriever = JevRetriever.from_index(index, _selector(Mode.SHADOW, records), acl, top_k=5)
+        with caplog.at_level("WARNING", logger="llama_jev"):
+            got = [
+                retriever.retrieve(QueryBundle(QUERY, embedding=[1.0, 0, 0, 0, 0, 0, 0, 0]), ctx=ALICE) for _ in "ab"
+            ]
+    finally:
+        client.close()
+    expected = [node.node_id for node in nodes if node.node_id in allowed][:5]
+    assert [[node.node.node_id for node in result] for result in got] == [expected, expected]
+    assert [(record.pushdown, record.restriction) for record in records] == [(False, "none")] * 2
+    refusals = [r.getMessage() for r in caplog.records if "no pushdown into qdrant" in r.getMessage()]
+    assert len(refusals) == 1
+    assert "'not'" in refusals[0]

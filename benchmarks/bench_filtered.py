@@ -47,7 +47,15 @@ from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import QueryBundle, TextNode
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
-from llama_jev import CandidateSelector, ExecutionOptions, JevRetriever, MetadataAcl, Mode, RuntimeContext, ScriptedJudge
+from llama_jev import (
+    CandidateSelector,
+    ExecutionOptions,
+    JevRetriever,
+    MetadataAcl,
+    Mode,
+    RuntimeContext,
+    ScriptedJudge,
+)
 from llama_jev.testing import HashEmbedding, embedded_postgres
 
 DIMENSIONS = 384
@@ -78,7 +86,9 @@ class Data:
 
     def nodes(self) -> list[TextNode]:
         return [
-            TextNode(id_=self.ids[i], text=f"passage {i}", metadata=self.metadata[i], embedding=self.vectors[i].tolist())
+            TextNode(
+                id_=self.ids[i], text=f"passage {i}", metadata=self.metadata[i], embedding=self.vectors[i].tolist()
+            )
             for i in range(len(self.ids))
         ]
 

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import statistics
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -122,7 +123,8 @@ def make_data(n: int, queries: int, seed: int = 0) -> Data:
     ]
     asked = centres[rng.integers(0, CENTRES, queries)] + 0.6 * rng.standard_normal((queries, DIMENSIONS))
     asked = (asked / np.linalg.norm(asked, axis=1, keepdims=True)).astype(np.float32)
-    return Data(vectors, metadata, [f"node-{i}" for i in range(n)], asked, readable)
+    # UUIDs: Qdrant takes no other string ids.
+    return Data(vectors, metadata, [str(uuid.UUID(int=i + 1)) for i in range(n)], asked, readable)
 
 
 # --- the stores -------------------------------------------------------------------------------------------
@@ -194,7 +196,8 @@ def fill_postgres(url: str, async_url: str, data: Data) -> str:
     assert store._engine is not None
     with store._engine.begin() as connection:
         count = connection.execute(sqlalchemy.select(sqlalchemy.func.count()).select_from(table)).scalar_one()
-        if count != len(data.ids):
+        last = connection.execute(sqlalchemy.select(table.c.id).where(table.c.node_id == data.ids[-1])).first()
+        if count != len(data.ids) or last is None:
             connection.execute(table.delete())
             for start in range(0, len(data.ids), 1000):
                 rows = [
@@ -227,9 +230,11 @@ def postgres_index(data: Data, args: argparse.Namespace) -> Iterator[BaseIndex[A
 
     with database(args.database_url) as (url, async_url):
         table_name = fill_postgres(url, async_url, data)
-        store = AclPGVectorStore(
-            connection_string=url, async_connection_string=async_url, table_name=table_name, embed_dim=DIMENSIONS
-        )
+        kwargs: dict[str, Any] = {"connection_string": url, "async_connection_string": async_url,
+                                  "table_name": table_name, "embed_dim": DIMENSIONS}  # fmt: skip
+        if hasattr(AclPGVectorStore, "create_acl_indexes"):  # (0.2's store, for a comparison, has none)
+            kwargs["acl_indexes"] = ACL  # the tenant's B-tree, as docs/stores-and-pushdown.md advises
+        store = AclPGVectorStore(**kwargs)
         try:
             yield VectorStoreIndex.from_vector_store(store, embed_model=EMBED)
         finally:

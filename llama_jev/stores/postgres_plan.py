@@ -6,14 +6,21 @@ visits candidates until its memory budget runs out and returns fewer than k rows
 ones. So the store chooses, as Qdrant's query planner does:
 
 1. **Estimate** the rows the filters admit: the planner's row estimate (``EXPLAIN``, no row
-   read; with an index on the tenant expression it has that expression's statistics).
+   read; with an index on the tenant expression it has that expression's statistics), kept
+   for :data:`ESTIMATE_SECONDS` per filter so a caller's next queries skip it.
 2. **Selective** (the estimate at most :data:`ESTIMATE_GATE`): read the admitted rows through
    the indexes, at most :data:`EXACT_ROWS` + 1 of them, in a ``MATERIALIZED`` CTE the HNSW index
    cannot serve, and rank them exactly. The CTE counts them too: when it held at most
    :data:`EXACT_ROWS`, its top k is the answer (the exact filtered top k).
 3. **Broad** (a larger estimate, or more rows than :data:`EXACT_ROWS` after all): HNSW with
    pgvector 0.8's iterative scan in ``relaxed_order`` (set for this transaction only), a window
-   of :data:`WINDOW` rows re-sorted exactly.
+   of :data:`WINDOW` rows (``ef_search`` as large) re-sorted exactly.
+
+Measured at 100,000 clustered 384-d rows (docs/stores-and-pushdown.md): the HNSW path alone
+reached recall@10 0.98 / 0.99 at 50 % / 5 % readable but 0.94 at 0.5 % (117 ms) and 0.92 at
+0.05 % (1.2 s); the exact path costs 15-35 us per admitted row (the ACL's checks and the
+vector read), so 3,000 rows stay under 100 ms while every share below 3 % of such a table is
+ranked exactly.
 
 The logic is written once, as a generator that yields statements and receives their rows, so
 the sync (psycopg2) and async (asyncpg) paths run the same plan (:func:`run_sync`,

@@ -74,15 +74,22 @@ class AclPGVectorStore(PGVectorStore):
     - The caller's own ``MetadataFilters`` are bound parameters too. The stock store pastes
       filter values into the SQL text: a tenant value ``x' OR 1=1 --`` returned every row, and
       ``--`` comments out whatever follows it.
-    - With pgvector 0.8 or later each transaction sets ``hnsw.iterative_scan = strict_order``,
-      so an HNSW index under a selective ACL still returns k rows (up to pgvector's
-      ``hnsw.max_scan_tuples``, 20,000 by default).
+    - A filtered dense query is planned by the size of what its filters admit, as Qdrant's
+      query planner does (``llama_jev.stores.postgres_plan``): the planner's row estimate
+      first; a selective ACL (at most 3,000 rows) has its rows read through the indexes and
+      ranked exactly (the exact filtered top k); a broad one walks the HNSW index with pgvector
+      0.8's ``relaxed_order`` iterative scan, ``ef_search`` 100, and an exact re-sort. Other
+      paths (text search, MMR) set ``hnsw.iterative_scan = strict_order`` per transaction.
+    - ``acl_indexes=acl`` (a :class:`~llama_jev.acl.rules.MetadataAcl`): on setup, create the
+      indexes that ACL's clause can use (:meth:`create_acl_indexes`): the tenant's B-tree
+      makes a tenant's rows cheap to read and gives the planner its statistics. Without any
+      index on a metadata key the store says so once (WARNING).
 
     Example::
 
         store = AclPGVectorStore.from_params(
             host="localhost", port="5432", database="rag", user="app", password="...",
-            table_name="docs", embed_dim=384,
+            table_name="docs", embed_dim=384, acl_indexes=acl,
         )
         index = VectorStoreIndex.from_vector_store(store, embed_model=embed_model)
         retriever = JevRetriever.from_index(index, selector, acl, top_k=5)  # pushes the ACL down

@@ -166,6 +166,14 @@ def test_the_broad_path_returns_k_readable_rows_near_the_exact_top_k(table: Tabl
     assert found / (K * len(table.queries)) >= 0.8  # approximate: the HNSW index (0.875 measured)
 
 
+def test_the_broad_path_serves_a_wide_window(table: Table) -> None:
+    # A widening retriever asks for more than pgvector's largest ef_search (1,000): still k rows.
+    result = AclPGVectorStore(**table.kwargs).query(_query(table, 2, BROAD_CALLER, k=1200))
+    assert len(result.ids) == 1200
+    assert all(node.metadata["tenant"] == "big" for node in result.nodes)
+    assert result.similarities == sorted(result.similarities, reverse=True)
+
+
 async def test_the_broad_path_async(table: Table) -> None:
     store = AclPGVectorStore(**table.kwargs)
     try:

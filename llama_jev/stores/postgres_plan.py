@@ -77,6 +77,8 @@ path reads at most ``EXACT_ROWS + 1`` rows and its count has the last word."""
 EF_SEARCH = 100
 """``hnsw.ef_search`` of the broad path (at least k): the candidates the index keeps per step."""
 
+_EF_SEARCH_MAX = 1000
+
 WINDOW = 20
 """Rows the broad path reads from the HNSW index (at least ``2 k``) and re-sorts exactly: with
 ``relaxed_order`` the index hands rows over nearly in order, and every row past k costs the
@@ -211,7 +213,8 @@ def settings(k: int, *, iterative: bool, ef_search: int = 0) -> dict[str, str]:
     return {
         **_PLAN_SETTINGS,
         **(ITERATIVE_SETTINGS if iterative else {}),
-        "hnsw.ef_search": str(max(EF_SEARCH, window(k), ef_search)),
+        # pgvector refuses more than 1,000; past it the iterative scan fills the window.
+        "hnsw.ef_search": str(min(_EF_SEARCH_MAX, max(EF_SEARCH, window(k), ef_search))),
     }
 
 

@@ -12,7 +12,7 @@ then times, interleaved so machine noise hits every variant alike:
 - ``plain``: LlamaIndex's ``PGVectorStore`` retriever, no ACL (what an app without llama_jev runs);
 - ``pushdown``: ``JevRetriever`` OFF over ``AclPGVectorStore``: the ACL is one SQL clause;
 - ``pushdown, HNSW only``: the same over a copy of the table without the tenant index (the
-  planner walks the HNSW index with ``hnsw.iterative_scan``);
+  store's plan finds the tenant's rows by reading the whole table, and ranks them exactly);
 - ``post-filter``: ``JevRetriever`` OFF over the plain ``PGVectorStore``: the store answers the
   top 20 of the whole table and the ACL removes what the caller may not read.
 

@@ -1,0 +1,327 @@
+"""How ``AclPGVectorStore`` answers a filtered dense query: by the size of what the filters admit.
+
+PostgreSQL's planner walks the HNSW index for every filtered ``ORDER BY distance LIMIT k``,
+even for a tenant of a few hundred rows of 100,000 (measured, pgvector 0.8): the scan then
+visits candidates until its memory budget runs out and returns fewer than k rows, or the wrong
+ones. So the store chooses, as Qdrant's query planner does:
+
+1. **Estimate** the rows the filters admit: the planner's row estimate (``EXPLAIN``, no row
+   read; with an index on the tenant expression it has that expression's statistics), kept
+   for :data:`ESTIMATE_SECONDS` per filter so a caller's next queries skip it.
+2. **Selective** (the estimate at most :data:`ESTIMATE_GATE`): read the admitted rows through
+   the indexes, at most :data:`EXACT_ROWS` + 1 of them, in a ``MATERIALIZED`` CTE the HNSW index
+   cannot serve, and rank them exactly. The CTE counts them too: when it held at most
+   :data:`EXACT_ROWS`, its top k is the answer (the exact filtered top k).
+3. **Broad** (a larger estimate, or more rows than :data:`EXACT_ROWS` after all): HNSW with
+   pgvector 0.8's iterative scan in ``relaxed_order`` (set for this transaction only), a window
+   of :func:`window` rows (``ef_search`` :data:`EF_SEARCH`) re-sorted exactly.
+
+Measured at 100,000 clustered 384-d rows (docs/stores-and-pushdown.md): the HNSW path alone
+reached recall@10 0.98 / 0.99 at 50 % / 5 % readable but 0.94 at 0.5 % (117 ms) and 0.92 at
+0.05 % (1.2 s); the exact path costs 15-35 us per admitted row (the ACL's checks and the
+vector read), so 3,000 rows stay under 100 ms while every share below 3 % of such a table is
+ranked exactly.
+
+The logic is written once, as a generator that yields statements and receives their rows, so
+the sync (psycopg2) and async (asyncpg) paths run the same plan (:func:`run_sync`,
+:func:`run_async`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import typing
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Index, func, literal, select
+from sqlalchemy.dialects.postgresql import TEXT
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
+from sqlalchemy.sql.expression import Executable
+from sqlalchemy.sql.visitors import InternalTraversal
+
+from llama_jev.acl.rules import MetadataAcl
+
+__all__ = [
+    "ESTIMATE_GATE",
+    "ESTIMATE_SECONDS",
+    "Estimates",
+    "EXACT_ROWS",
+    "EF_SEARCH",
+    "WINDOW",
+    "Plan",
+    "Steps",
+    "acl_indexes",
+    "estimate_key",
+    "plan_dense",
+    "settings",
+    "window",
+    "run_async",
+    "run_sync",
+]
+
+EXACT_ROWS = 3_000
+"""The most admitted rows ranked exactly (docs/stores-and-pushdown.md gives the measurements)."""
+
+ESTIMATE_GATE = EXACT_ROWS
+"""A planner estimate above this goes to HNSW without reading a row; at or below it the exact
+path reads at most ``EXACT_ROWS + 1`` rows and its count has the last word."""
+
+EF_SEARCH = 100
+"""``hnsw.ef_search`` of the broad path (at least k): the candidates the index keeps per step."""
+
+_EF_SEARCH_MAX = 1000
+
+WINDOW = 20
+"""Rows the broad path reads from the HNSW index (at least ``2 k``) and re-sorts exactly: with
+``relaxed_order`` the index hands rows over nearly in order, and every row past k costs the
+ACL's checks and a vector read (a window of 100 cost 15 % more at 50 % readable, for no recall)."""
+
+# pgvector's settings for the broad path, set for the query's transaction only (set_config(..., true))
+# before either path runs: the exact path's CTE has no ORDER BY for the HNSW index to serve, so they
+# do not touch it, and one statement sets them all.
+ITERATIVE_SETTINGS = {
+    "hnsw.iterative_scan": "relaxed_order",
+    # The index keeps visiting candidates until this many tuples or its memory budget
+    # (scan_mem_multiplier x work_mem): the budget, not the tuples, stopped the scan (DESIGN.md Part 5).
+    "hnsw.max_scan_tuples": "40000",
+    "hnsw.scan_mem_multiplier": "4",
+}
+_PLAN_SETTINGS = {
+    # A prepared statement (asyncpg) must not get a generic plan: the tenant index serves a tenant value.
+    "plan_cache_mode": "force_custom_plan",
+    # Over EXACT_ROWS admitted rows a scan of the whole table and a sort is what the broad path avoids.
+    "enable_seqscan": "off",
+}
+
+Rows = Sequence[Any]
+Steps = Generator[Executable, Rows, "Plan"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one query did: ``rows`` (``id``, ``node_id``, ``text``, ``metadata_``, ``distance``), and how."""
+
+    rows: list[Any]
+    path: str
+    """``"exact"`` (the admitted rows ranked exactly) or ``"hnsw"`` (the index, iterative scan)."""
+    estimate: int
+    """The planner's estimate of the admitted rows."""
+    admitted: int | None
+    """The admitted rows counted by the exact path (``EXACT_ROWS + 1`` means "more"); ``None`` when it did not run."""
+
+
+class _Explain(Executable, ClauseElement):
+    """``EXPLAIN (FORMAT JSON) <select>``, its values bound as the select's are (the recipe of SQLAlchemy's wiki)."""
+
+    inherit_cache = True  # compiled once per statement shape, as the select it wraps
+    _traverse_internals = [("statement", InternalTraversal.dp_clauseelement)]  # noqa: RUF012 - SQLAlchemy's
+    _all_selected_columns: tuple[Any, ...] = ()  # a cached compile maps the result by these: none
+
+    def __init__(self, statement: Any) -> None:
+        self.statement = statement
+
+
+@compiles(_Explain, "postgresql")
+def _compile_explain(element: _Explain, compiler: SQLCompiler, **kw: Any) -> str:
+    return "EXPLAIN (FORMAT JSON) " + compiler.process(element.statement, **kw)
+
+
+def _settings(values: dict[str, str]) -> Executable:
+    # set_config(name, value, is_local => true): SET LOCAL with bound values (SET takes none).
+    return select(*(func.set_config(literal(name, TEXT), literal(value, TEXT), True) for name, value in values.items()))
+
+
+def _estimate(rows: Rows) -> int:
+    """The largest row estimate of any node of the plan: the tenant index's own, where one is used.
+
+    The top node's estimate multiplies the tenant's (from the index's statistics) by default
+    selectivities for the grant checks (a half for the JSON column's ``EXISTS``), which the data
+    need not follow; the index scan's estimate is what the planner knows.
+    """
+    plan = rows[0][0]
+    if isinstance(plan, str):  # asyncpg hands json over as text, psycopg2 parsed
+        plan = json.loads(plan)
+    return _largest(plan[0]["Plan"])
+
+
+def _largest(node: dict[str, Any]) -> int:
+    children = [child for child in node.get("Plans", ()) if child.get("Parent Relationship") != "SubPlan"]
+    return max([int(node.get("Plan Rows", 0)), *(_largest(child) for child in children)])
+
+
+ESTIMATE_SECONDS = 30.0
+"""How long a filter's estimate is reused: a caller's next queries skip the ``EXPLAIN`` (about a
+tenth of a broad query's time), and a tenant that grows or shrinks is re-estimated within this."""
+
+_ESTIMATES_KEPT = 4096
+
+
+class Estimates:
+    """The planner's estimates of recent filters, by the filter's SQL and values; thread-safe enough.
+
+    A routing hint only: the exact path counts the admitted rows itself. Keys hold the filter's
+    bound values (identity values among them) in this process's memory, never written anywhere.
+    """
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[Hashable, tuple[float, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable | None) -> int | None:
+        if key is None:
+            return None
+        with self._lock:
+            found = self._known.get(key)
+            if found is None or time.monotonic() - found[0] > ESTIMATE_SECONDS:
+                return None
+            self._known.move_to_end(key)
+            return found[1]
+
+    def put(self, key: Hashable | None, estimate: int) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._known[key] = (time.monotonic(), estimate)
+            self._known.move_to_end(key)
+            while len(self._known) > _ESTIMATES_KEPT:
+                self._known.popitem(last=False)
+
+
+def estimate_key(where: ColumnElement[bool]) -> Hashable | None:
+    """The filter's statement shape and bound values (``None``: not cacheable, always ``EXPLAIN``)."""
+    key = where._generate_cache_key()
+    if key is None:
+        return None
+    return (key.key, tuple(repr(bind.effective_value) for bind in key.bindparams))
+
+
+def window(k: int) -> int:
+    """The rows the broad path reads for a top ``k``."""
+    return max(WINDOW, 2 * k)
+
+
+def settings(k: int, *, iterative: bool, ef_search: int = 0) -> dict[str, str]:
+    """The settings of one planned query: ``iterative`` where pgvector has iterative scans (0.8+)."""
+    return {
+        **_PLAN_SETTINGS,
+        **(ITERATIVE_SETTINGS if iterative else {}),
+        # pgvector refuses more than 1,000; past it the iterative scan fills the window.
+        "hnsw.ef_search": str(min(_EF_SEARCH_MAX, max(EF_SEARCH, window(k), ef_search))),
+    }
+
+
+def plan_dense(
+    table: Any,
+    embedding: Sequence[float],
+    k: int,
+    where: ColumnElement[bool],
+    hnsw_query: Callable[[int], Any],
+    *,
+    values: dict[str, str],
+    exact: bool = True,
+    known: int | None = None,
+) -> Steps:
+    """The statements of one filtered dense query, in order; yields each, receives its rows.
+
+    ``table`` is the store's table class, ``where`` the filters as one condition (ACL and the
+    caller's own), ``hnsw_query(window)`` the stock store's ``SELECT ... ORDER BY distance
+    LIMIT window`` under those filters, ``values`` the settings (:func:`settings`).
+    ``exact=False`` skips the selective path (a store with a ``customize_query_fn`` must keep
+    its own statement). ``known``: a recent estimate of the same filter (no ``EXPLAIN`` then).
+    """
+    yield _settings(values)
+    estimate = known if known is not None else _estimate((yield _Explain(select(table.id).where(where))))
+    admitted: int | None = None
+    if exact and estimate <= ESTIMATE_GATE:
+        rows = list((yield _exact(table, embedding, k, where)))
+        admitted = int(rows[0].admitted) if rows else 0
+        if admitted <= EXACT_ROWS:
+            return Plan(rows, "exact", estimate, admitted)
+        estimate = admitted  # more than the estimate said: the next query goes straight to HNSW
+    rows_read = hnsw_query(window(k)).cte("window").prefix_with("MATERIALIZED")
+    resorted = select(rows_read).order_by(rows_read.c.distance).limit(k)
+    return Plan(list((yield resorted)), "hnsw", estimate, admitted)
+
+
+def _exact(table: Any, embedding: Sequence[float], k: int, where: ColumnElement[bool]) -> Executable:
+    """The admitted rows (at most ``EXACT_ROWS + 1``), ranked exactly; each row says how many were admitted.
+
+    The distance is computed in a ``MATERIALIZED`` CTE without ``ORDER BY``: the HNSW index
+    cannot serve it, so the rows come through the filters' own indexes (the tenant's B-tree).
+    The count is a window over all admitted rows, taken before the ``LIMIT``.
+    """
+    admitted = (
+        select(table.id.label("id"), table.embedding.cosine_distance(embedding).label("distance"))
+        .where(where)
+        .limit(EXACT_ROWS + 1)
+        .cte("admitted")
+        .prefix_with("MATERIALIZED")
+    )
+    best = (
+        select(admitted.c.id, admitted.c.distance, func.count().over().label("admitted"))
+        .order_by(admitted.c.distance, admitted.c.id)
+        .limit(k)
+        .subquery("best")
+    )
+    return (
+        select(table.id, table.node_id, table.text, table.metadata_, best.c.distance, best.c.admitted)
+        .join_from(best, table, table.id == best.c.id)
+        .order_by(best.c.distance, best.c.id)
+    )
+
+
+def run_sync(steps: Steps, connection: Any) -> Plan:
+    """Run ``steps`` on a sync SQLAlchemy ``Connection`` or ``Session`` (one transaction)."""
+    try:
+        statement = next(steps)
+        while True:
+            statement = steps.send(connection.execute(statement).all())
+    except StopIteration as done:
+        return typing.cast(Plan, done.value)
+
+
+async def run_async(steps: Steps, connection: Any) -> Plan:
+    """Run ``steps`` on an ``AsyncConnection`` or ``AsyncSession`` (one transaction)."""
+    try:
+        statement = next(steps)
+        while True:
+            statement = steps.send((await connection.execute(statement)).all())
+    except StopIteration as done:
+        return typing.cast(Plan, done.value)
+
+
+def acl_indexes(table: Any, acl: MetadataAcl, *, jsonb: bool) -> list[Index]:
+    """The indexes the ACL clause of ``llama_jev.stores.postgres_sql`` can use, for ``acl``'s keys.
+
+    - the tenant: a B-tree on ``metadata_ ->> '<tenant_key>'``, the expression the clause
+      compares (JSON and JSONB alike); with it, a tenant's rows are read without a table scan
+      and the planner has that expression's statistics for its estimate;
+    - users and roles: a GIN index on ``metadata_ -> '<key>'`` (``?|``), on a JSONB column only:
+      over a JSON column (the store's default) the clause checks the grants on a JSONB copy of
+      the row that no index can serve, after the tenant has narrowed the rows down.
+
+    Names are ``<table>_acl_<hash of the key>_<kind>``: a key is any text, never put in a name.
+    """
+    column = table.__table__.c.metadata_
+    name = table.__tablename__
+
+    def index_name(key: str, kind: str) -> str:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+        return f"{name[:40]}_acl_{digest}_{kind}"
+
+    found: list[Index] = []
+    if acl.tenant_key is not None:
+        found.append(Index(index_name(acl.tenant_key, "btree"), column.op("->>")(literal(acl.tenant_key, TEXT))))
+    if jsonb:
+        for key in (acl.users_key, acl.roles_key):
+            if key is not None:
+                found.append(Index(index_name(key, "gin"), column.op("->")(literal(key, TEXT)), postgresql_using="gin"))
+    return found

@@ -140,7 +140,8 @@ class JevClient:
         retry: the :class:`RetryPolicy`.
         max_in_flight: the most requests this client has in flight at once, over every thread
             and event loop using it (default 16: TypeSafe answers 429 from about 24). The bound
-            adapts: halved on 429/529, raised again by successes; a ``Retry-After`` pauses every
+            adapts: halved on 429/529 and on an attempt that timed out, raised again by successes
+            but not past what the server was seen to take; a ``Retry-After`` pauses every
             request of the client. Waiting for a slot counts against each call's ``timeout``.
             See :attr:`stats` and :class:`~llama_jev.systemone.governor.Governor`.
         transport / async_transport: httpx transports, for tests, proxies or custom TLS.
@@ -267,7 +268,9 @@ class JevClient:
                 count_rate_limited(outcome.status_code)
             self.governor.release(permit, status=outcome.status_code, retry_after=retry_after)
         else:
-            self.governor.release(permit)
+            # A timed-out attempt is congestion (the server could not answer in time): the governor
+            # backs off as on a 429, instead of sending as many again into the same queue.
+            self.governor.release(permit, timed_out=isinstance(outcome, JevTimeoutError))
 
     def _with_model(self, request: SystemOneRequest) -> SystemOneRequest:
         # The request model defaults to the alias; a client configured for another model sends its own.

@@ -49,7 +49,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from io import BytesIO
 from pathlib import Path
 
@@ -215,7 +215,7 @@ def _metric(base_url: str, name: str) -> float:
 
 def keepalive(rounds: int) -> None:
     """Median latency on one kept-alive connection: before (Nagle on) and after, alternating."""
-    kinds = {
+    kinds: dict[str, Callable[[httpx.Client], httpx.Response]] = {
         "rejected (422)": lambda client: client.post("/v1/systemone", json={"state": "q", "questions": {}}),
         "cheap (GET /healthz)": lambda client: client.get("/healthz"),
         "1-candidate judgement": lambda client: client.post("/v1/systemone", json=_body("keep-alive", 1)),
@@ -295,50 +295,51 @@ def soak_child(base_url: str, sessions: int) -> None:
     print(json.dumps(result), flush=True)
 
 
-def _soak_one(name: str, sessions: int, pythonpath: Path | None) -> str:
-    flags = ["--max-in-flight", "2", "--queue", "4"]
-    with server(flags, pythonpath) as (base_url, _):
+@contextlib.contextmanager
+def _soak_side(sessions: int, pythonpath: Path | None) -> Iterator[Callable[[], str]]:
+    """A soak server and its client process, started; yields what reads the row once the client ends."""
+    with server(["--max-in-flight", "2", "--queue", "4"], pythonpath) as (base_url, _):
         judged_before = _metric(base_url, "llama_jev_batch_candidates_sum")  # the warm request's
         env = dict(os.environ)
         if pythonpath is not None:
             env["PYTHONPATH"] = str(pythonpath)
-        child = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--soak-child", base_url, "--sessions", str(sessions)],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=pythonpath or ROOT,
-            check=True,
-        )
-        result = json.loads(child.stdout.strip().splitlines()[-1])
-        judged = _metric(base_url, "llama_jev_batch_candidates_sum") - judged_before
-        status = 'llama_jev_requests_total{route="/v1/systemone",status="%s"}'
-        answered, refused, dropped = (_metric(base_url, status % code) for code in ("200", "429", "none"))
-    delivered = result["succeeded"] * SOAK_CANDIDATES
-    wasted = max(0.0, judged - delivered) / judged if judged else 0.0
-    return (
-        f"| {name} | {result['failed']} {' '.join(result['errors'])} | {int(answered)} | {int(refused)} | "
-        f"{int(dropped)} | {wasted:.0%} | {result['elapsed']:.0f} | {result['p50']:.1f} | {result['p95']:.1f} | "
-        f"{result['limit']} |"
-    )
+        command = [sys.executable, str(Path(__file__).resolve()), "--soak-child", base_url, "--sessions", str(sessions)]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=pythonpath or ROOT)
+
+        def row() -> str:
+            out, _ = child.communicate(timeout=1800)
+            result = json.loads(out.strip().splitlines()[-1])
+            judged = _metric(base_url, "llama_jev_batch_candidates_sum") - judged_before
+            status = 'llama_jev_requests_total{route="/v1/systemone",status="%s"}'
+            answered, refused, dropped = (_metric(base_url, status % code) for code in ("200", "429", "none"))
+            delivered = result["succeeded"] * SOAK_CANDIDATES
+            wasted = max(0.0, judged - delivered) / judged if judged else 0.0
+            return (
+                f"{result['failed']} {' '.join(result['errors'])} | {int(answered)} | {int(refused)} | "
+                f"{int(dropped)} | {wasted:.0%} | {result['elapsed']:.0f} | {result['p50']:.1f} | "
+                f"{result['p95']:.1f} | {result['limit']} |"
+            )
+
+        yield row
 
 
-def soak(sessions: int) -> None:
-    rows = []
-    with tree(BEFORE_COMMIT) as old:
-        rows.append(_soak_one("before", sessions, old))
-    rows.append(_soak_one("after", sessions, None))
+def soak(sessions: int, runs: int) -> None:
+    """Before and after at the same time (a busy moment of the machine falls on both), ``runs`` times."""
     print(
         f"soak: {sessions} sessions x {SOAK_CANDIDATES} candidates through one JevClient (defaults), "
-        "--judge local --max-in-flight 2 --queue 4"
+        "--judge local --max-in-flight 2 --queue 4, before and after at once"
     )
     print(
-        "| | failed judgements | answered 200 | refused 429 | dropped | server work wasted | s in all | "
+        "| run | | failed judgements | answered 200 | refused 429 | dropped | server work wasted | s in all | "
         "session p50 s | p95 s | client limit at the end |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        print(row)
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with tree(BEFORE_COMMIT) as old:
+        for run in range(1, runs + 1):
+            with _soak_side(sessions, old) as before, _soak_side(sessions, None) as after:
+                rows = {"before": before(), "after": after()}
+            for name, row in rows.items():
+                print(f"| {run} | {name} | {row}", flush=True)
 
 
 # -- micro-batching ----------------------------------------------------------------------------------
@@ -399,6 +400,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="concurrency 1, 4, 16 only (table)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=2, help="soak runs (before and after at once in each)")
     parser.add_argument("--rounds", type=int, default=100, help="requests of each kind (keepalive)")
     parser.add_argument("--soak-child", metavar="BASE_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -412,7 +414,7 @@ def main() -> None:
     if "keepalive" in chosen:
         keepalive(args.rounds)
     if "soak" in chosen:
-        soak(args.sessions)
+        soak(args.sessions, args.runs)
     if "batching" in chosen:
         batching([1, 4, 16])
     if "table" in chosen:

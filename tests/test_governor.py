@@ -233,6 +233,34 @@ def test_the_limit_does_not_grow_back_past_what_the_server_took() -> None:
     assert limits[-1] <= 7  # then one slot more at a time, slowly
 
 
+def test_answers_near_their_timeout_do_not_raise_the_limit() -> None:
+    governor = Governor(max_limit=8)
+    permits = [governor.acquire(timeout=1.0) for _ in range(8)]
+    governor.release(permits[0], timed_out=True)
+    for permit in permits[1:]:
+        governor.release(permit, status=200, slow=True)
+    for _ in range(30):
+        governor.release(governor.acquire(timeout=1.0), status=200, slow=True)
+
+    assert governor.limit == 4  # one more beside answers this slow would likely time out
+
+
+def test_a_client_whose_answers_come_near_its_timeout_holds_its_limit(jev_server: SystemOneTestServer) -> None:
+    client = client_for(
+        jev_server, max_in_flight=8, timeout=0.5, retry=RetryPolicy(max_retries=5, initial_backoff=0.01)
+    )
+    permits = [client.governor.acquire(timeout=1.0) for _ in range(8)]  # a wave of 8 met one 429: 4, ceiling 7
+    client.governor.release(permits[0], status=429)
+    for permit in permits[1:]:
+        client.governor.release(permit, status=200)
+    jev_server.set_latency(0.3)  # 60 % of each attempt's 0.5 s
+    for _ in range(10):  # were they quick, 9 would raise the limit to 6
+        client.system_one(request(0.8))
+
+    assert client.stats.limit <= 4  # (a timeout on a busy machine would only lower it)
+    client.close()
+
+
 def test_a_request_timing_out_at_the_server_halves_the_clients_limit(jev_server: SystemOneTestServer) -> None:
     jev_server.inject(Fault.delay(1.0))  # the first attempt: slower than the client's timeout
     client = client_for(jev_server, max_in_flight=8, timeout=0.3)

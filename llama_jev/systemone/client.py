@@ -59,6 +59,9 @@ BASE_URL_ENVIRONMENT = "TYPESAFE_BASE_URL"
 _ENDPOINT = "/v1/systemone"
 
 logger = logging.getLogger("llama_jev.client")
+# An answer that took more than this share of its attempt's time is slow: one more request in
+# flight beside it would likely time out, so it does not raise the governor's bound.
+_SLOW_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -232,14 +235,17 @@ class JevClient:
                 # Waiting for admission already used the whole budget: no retry could fit.
                 raise admitted if isinstance(admitted, JevAPIError) else RuntimeError("admission without a permit")
             outcome: _Outcome = None
+            attempt = math.inf
+            sent = time.monotonic()
             try:
                 left = math.inf if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise JevTimeoutError("the time budget ran out waiting for admission", retryable=True)
-                outcome = yield _Send(body, min(self.timeout, left))
+                attempt = min(self.timeout, left)
+                outcome = yield _Send(body, attempt)
             finally:
                 # Also on GeneratorExit (the caller was cancelled mid-request): the slot is given back.
-                self._release(admitted, outcome)
+                self._release(admitted, outcome, slow=time.monotonic() - sent > attempt * _SLOW_SHARE)
             if deadline is not None and time.monotonic() > deadline:
                 # httpx times each phase, not the whole attempt: a server trickling its answer
                 # could otherwise outlast the budget.
@@ -260,13 +266,13 @@ class JevClient:
                 count_retry(type(error).__name__, error.status_code)
             yield _Sleep(delay)
 
-    def _release(self, permit: Permit, outcome: _Outcome) -> None:
+    def _release(self, permit: Permit, outcome: _Outcome, *, slow: bool = False) -> None:
         """Tell the governor how the attempt went: the status decides the limit, Retry-After the pause."""
         if isinstance(outcome, httpx.Response):
             retry_after = _retry_after(outcome.headers) if outcome.status_code >= 400 else None
             if outcome.status_code in (429, 529):
                 count_rate_limited(outcome.status_code)
-            self.governor.release(permit, status=outcome.status_code, retry_after=retry_after)
+            self.governor.release(permit, status=outcome.status_code, retry_after=retry_after, slow=slow)
         else:
             # A timed-out attempt is congestion (the server could not answer in time): the governor
             # backs off as on a 429, instead of sending as many again into the same queue.

@@ -5,13 +5,13 @@ when fewer than ``limit`` are in flight and the server has not asked for a pause
 requests asked (first in, first out); otherwise the request waits in a queue. The limit adapts
 to the server (AIMD, as TCP does): halved on congestion (a 429 or 529, or an attempt that timed
 out: a request the server could not answer in time is as much a "too many" as a refusal), raised
-by one after a limit's worth of successes, always within ``[min_limit, max_limit]``. Congestion
-also teaches the client what the server admits: with ``n`` requests in flight when the server
-pushed back, it takes at most ``n - 1``, so the limit does not grow past that again (the
-``ceiling``) until a long run of successes suggests it has more room (one more slot per four
-ceilings' worth). A ``Retry-After`` pauses every admission until it has passed. A request never
-waits past its deadline: when the deadline comes first (or the pause ends after it) the request
-fails at once with :class:`~llama_jev.errors.JevTimeoutError`.
+by one after a limit's worth of successes (not by an answer that came near its timeout), always
+within ``[min_limit, max_limit]``. Congestion also teaches the client what the server admits:
+with ``n`` requests in flight when the server pushed back, it takes at most ``n - 1``, so the
+limit does not grow past that again (the ``ceiling``) until a long run of successes suggests it
+has more room (one more slot per four ceilings' worth). A ``Retry-After`` pauses every admission
+until it has passed. A request never waits past its deadline: when the deadline comes first (or
+the pause ends after it) the request fails at once with :class:`~llama_jev.errors.JevTimeoutError`.
 
 The core is a lock and a queue of waiters; a sync waiter sleeps on a ``threading.Event``, an async
 waiter on a future of its own loop, woken with ``call_soon_threadsafe``, so an event loop never
@@ -348,13 +348,16 @@ class Governor:
         status: int | None = None,
         retry_after: float | None = None,
         timed_out: bool = False,
+        slow: bool = False,
     ) -> None:
         """Hand back ``permit`` with what the server said: its HTTP ``status`` (``None``: no
-        answer), ``Retry-After`` in seconds, if it sent one, and whether the attempt ``timed_out``.
+        answer), ``Retry-After`` in seconds, if it sent one, whether the attempt ``timed_out``,
+        and whether its answer was ``slow`` (near its timeout).
 
         Congestion (a 429 or 529, or a timeout) halves the limit (once per generation of
         requests) and caps its growth at what the server took (the ``ceiling``); a 2xx raises it
-        by ``1 / limit``, one more slot per limit's worth of successes, up to the ceiling. A
+        by ``1 / limit``, one more slot per limit's worth of successes, up to the ceiling, unless
+        it was slow: then the limit holds (one more beside it would likely time out). A
         ``Retry-After`` on an error pauses every admission, capped at ``max_pause``.
         """
         now = time.monotonic()
@@ -369,7 +372,7 @@ class Governor:
                 else:
                     self._timed_out += 1
                 self._congested(permit, in_flight)
-            elif status is not None and 200 <= status < 300:
+            elif status is not None and 200 <= status < 300 and not slow:
                 self._grow()
             if retry_after is not None and status is not None and status >= 400:
                 self._pause_until(now + min(retry_after, self.max_pause))

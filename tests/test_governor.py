@@ -238,11 +238,13 @@ def test_answers_near_their_timeout_do_not_raise_the_limit() -> None:
     permits = [governor.acquire(timeout=1.0) for _ in range(8)]
     governor.release(permits[0], timed_out=True)
     for permit in permits[1:]:
-        governor.release(permit, status=200, slow=True)
-    for _ in range(30):
-        governor.release(governor.acquire(timeout=1.0), status=200, slow=True)
-
-    assert governor.limit == 4  # one more beside answers this slow would likely time out
+        governor.release(permit, status=200, share_of_timeout=0.7)
+    for _ in range(30):  # 70 % of the timeout with 4 out: 87 % with 5
+        governor.release(governor.acquire(timeout=1.0), status=200, share_of_timeout=0.7)
+    assert governor.limit == 4
+    for _ in range(10):  # 50 %: 62 % with one more, room to grow
+        governor.release(governor.acquire(timeout=1.0), status=200, share_of_timeout=0.5)
+    assert governor.limit == 6
 
 
 def test_a_client_whose_answers_come_near_its_timeout_holds_its_limit(jev_server: SystemOneTestServer) -> None:
@@ -252,8 +254,8 @@ def test_a_client_whose_answers_come_near_its_timeout_holds_its_limit(jev_server
     permits = [client.governor.acquire(timeout=1.0) for _ in range(8)]  # a wave of 8 met one 429: 4, ceiling 7
     client.governor.release(permits[0], status=429)
     for permit in permits[1:]:
-        client.governor.release(permit, status=200)
-    jev_server.set_latency(0.3)  # 60 % of each attempt's 0.5 s
+        client.governor.release(permit)
+    jev_server.set_latency(0.35)  # 70 % of each attempt's 0.5 s; 87 % with one more beside it
     for _ in range(10):  # were they quick, 9 would raise the limit to 6
         client.system_one(request(0.8))
 

@@ -59,9 +59,6 @@ BASE_URL_ENVIRONMENT = "TYPESAFE_BASE_URL"
 _ENDPOINT = "/v1/systemone"
 
 logger = logging.getLogger("llama_jev.client")
-# An answer that took more than this share of its attempt's time is slow: one more request in
-# flight beside it would likely time out, so it does not raise the governor's bound.
-_SLOW_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -245,7 +242,7 @@ class JevClient:
                 outcome = yield _Send(body, attempt)
             finally:
                 # Also on GeneratorExit (the caller was cancelled mid-request): the slot is given back.
-                self._release(admitted, outcome, slow=time.monotonic() - sent > attempt * _SLOW_SHARE)
+                self._release(admitted, outcome, share=(time.monotonic() - sent) / attempt)
             if deadline is not None and time.monotonic() > deadline:
                 # httpx times each phase, not the whole attempt: a server trickling its answer
                 # could otherwise outlast the budget.
@@ -266,13 +263,14 @@ class JevClient:
                 count_retry(type(error).__name__, error.status_code)
             yield _Sleep(delay)
 
-    def _release(self, permit: Permit, outcome: _Outcome, *, slow: bool = False) -> None:
+    def _release(self, permit: Permit, outcome: _Outcome, *, share: float | None = None) -> None:
         """Tell the governor how the attempt went: the status decides the limit, Retry-After the pause."""
         if isinstance(outcome, httpx.Response):
             retry_after = _retry_after(outcome.headers) if outcome.status_code >= 400 else None
             if outcome.status_code in (429, 529):
                 count_rate_limited(outcome.status_code)
-            self.governor.release(permit, status=outcome.status_code, retry_after=retry_after, slow=slow)
+            # How much of its time the answer took: a slow one does not raise the bound.
+            self.governor.release(permit, status=outcome.status_code, retry_after=retry_after, share_of_timeout=share)
         else:
             # A timed-out attempt is congestion (the server could not answer in time): the governor
             # backs off as on a 429, instead of sending as many again into the same queue.

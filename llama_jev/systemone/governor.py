@@ -5,12 +5,13 @@ when fewer than ``limit`` are in flight and the server has not asked for a pause
 requests asked (first in, first out); otherwise the request waits in a queue. The limit adapts
 to the server (AIMD, as TCP does): halved on congestion (a 429 or 529, or an attempt that timed
 out: a request the server could not answer in time is as much a "too many" as a refusal), raised
-by one after a limit's worth of successes (not by an answer that came near its timeout), always
-within ``[min_limit, max_limit]``. Congestion also teaches the client what the server admits:
-with ``n`` requests in flight when the server pushed back, it takes at most ``n - 1``, so the
-limit does not grow past that again (the ``ceiling``) until a long run of successes suggests it
-has more room (one more slot per four ceilings' worth). A ``Retry-After`` pauses every admission
-until it has passed. A request never waits past its deadline: when the deadline comes first (or
+by one after a limit's worth of successes (not by answers so slow that one more request would
+bring them near their timeout), always within ``[min_limit, max_limit]``. Congestion also
+teaches the client what the server admits: with ``n`` requests in flight when the server pushed
+back, it takes at most ``n - 1``, so the limit does not grow past that again (the ``ceiling``)
+until a long run of successes suggests it has more room (one more slot per four ceilings'
+worth). A ``Retry-After`` pauses every admission until it has passed. A request never waits past
+its deadline: when the deadline comes first (or
 the pause ends after it) the request fails at once with :class:`~llama_jev.errors.JevTimeoutError`.
 
 The core is a lock and a queue of waiters; a sync waiter sleeps on a ``threading.Event``, an async
@@ -51,6 +52,7 @@ _SLOW_DOWN = frozenset({429, 529})
 # Successes, in ceilings' worth, before the learned ceiling lets one more request in: slower than
 # the limit's own growth, since each probe past what the server admits costs a refusal or a timeout.
 _CEILING_PATIENCE = 4
+_SLOW_SHARE = 0.8  # the share of its timeout an answer may take with one more request beside it
 
 
 @dataclass(frozen=True)
@@ -348,16 +350,17 @@ class Governor:
         status: int | None = None,
         retry_after: float | None = None,
         timed_out: bool = False,
-        slow: bool = False,
+        share_of_timeout: float | None = None,
     ) -> None:
         """Hand back ``permit`` with what the server said: its HTTP ``status`` (``None``: no
         answer), ``Retry-After`` in seconds, if it sent one, whether the attempt ``timed_out``,
-        and whether its answer was ``slow`` (near its timeout).
+        and the ``share_of_timeout`` its answer took (0.6: 60 % of the attempt's timeout).
 
         Congestion (a 429 or 529, or a timeout) halves the limit (once per generation of
         requests) and caps its growth at what the server took (the ``ceiling``); a 2xx raises it
         by ``1 / limit``, one more slot per limit's worth of successes, up to the ceiling, unless
-        it was slow: then the limit holds (one more beside it would likely time out). A
+        the answer was slow: when the server's time shared by one more request would bring it
+        near its timeout (``share * (limit + 1) / limit`` over 0.8), the limit holds. A
         ``Retry-After`` on an error pauses every admission, capped at ``max_pause``.
         """
         now = time.monotonic()
@@ -372,8 +375,8 @@ class Governor:
                 else:
                     self._timed_out += 1
                 self._congested(permit, in_flight)
-            elif status is not None and 200 <= status < 300 and not slow:
-                self._grow()
+            elif status is not None and 200 <= status < 300:
+                self._grow(share_of_timeout)
             if retry_after is not None and status is not None and status >= 400:
                 self._pause_until(now + min(retry_after, self.max_pause))
             self._dispatch(now)
@@ -387,7 +390,9 @@ class Governor:
         # leaves 6. Never below the halved limit, so one odd refusal costs no more than before.
         self._ceiling = max(self._limit, min(self._ceiling, float(in_flight - 1)))
 
-    def _grow(self) -> None:
+    def _grow(self, share: float | None) -> None:
+        if share is not None and share * (self._limit + 1) / self._limit > _SLOW_SHARE:
+            return  # the server's time shared by one more would bring answers near their timeout
         if self._limit + 1.0 / self._limit <= self._ceiling:
             self._limit += 1.0 / self._limit
         else:

@@ -323,11 +323,12 @@ def _soak_side(sessions: int, pythonpath: Path | None) -> Iterator[Callable[[], 
         yield row
 
 
-def soak(sessions: int, runs: int) -> None:
-    """Before and after at the same time (a busy moment of the machine falls on both), ``runs`` times."""
+def soak(sessions: int, runs: int, sides: list[str], apart: bool) -> None:
+    """Before and after at the same time (a busy moment of the machine falls on both), or ``apart``
+    (one after the other, each with the machine to itself), ``runs`` times."""
     print(
         f"soak: {sessions} sessions x {SOAK_CANDIDATES} candidates through one JevClient (defaults), "
-        "--judge local --max-in-flight 2 --queue 4, before and after at once"
+        f"--judge local --max-in-flight 2 --queue 4, {' and '.join(sides)} {'apart' if apart else 'at once'}"
     )
     print(
         "| run | | failed judgements | answered 200 | refused 429 | dropped | server work wasted | s in all | "
@@ -335,9 +336,17 @@ def soak(sessions: int, runs: int) -> None:
     )
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tree(BEFORE_COMMIT) as old:
+        paths = {"before": old, "after": None}
         for run in range(1, runs + 1):
-            with _soak_side(sessions, old) as before, _soak_side(sessions, None) as after:
-                rows = {"before": before(), "after": after()}
+            rows: dict[str, str] = {}
+            if apart:
+                for name in sides:
+                    with _soak_side(sessions, paths[name]) as side:
+                        rows[name] = side()
+            else:
+                with contextlib.ExitStack() as stack:
+                    started = {name: stack.enter_context(_soak_side(sessions, paths[name])) for name in sides}
+                    rows = {name: side() for name, side in started.items()}
             for name, row in rows.items():
                 print(f"| {run} | {name} | {row}", flush=True)
 
@@ -400,7 +409,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="concurrency 1, 4, 16 only (table)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--sessions", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=2, help="soak runs (before and after at once in each)")
+    parser.add_argument("--runs", type=int, default=1, help="soak runs")
+    parser.add_argument("--sides", default="before,after", help="soak: before, after or both")
+    parser.add_argument("--apart", action="store_true", help="soak: one side after the other, not at once")
     parser.add_argument("--rounds", type=int, default=100, help="requests of each kind (keepalive)")
     parser.add_argument("--soak-child", metavar="BASE_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -414,7 +425,7 @@ def main() -> None:
     if "keepalive" in chosen:
         keepalive(args.rounds)
     if "soak" in chosen:
-        soak(args.sessions, args.runs)
+        soak(args.sessions, args.runs, args.sides.split(","), args.apart)
     if "batching" in chosen:
         batching([1, 4, 16])
     if "table" in chosen:

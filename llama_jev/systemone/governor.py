@@ -52,7 +52,7 @@ _SLOW_DOWN = frozenset({429, 529})
 # Successes, in ceilings' worth, before the learned ceiling lets one more request in: slower than
 # the limit's own growth, since each probe past what the server admits costs a refusal or a timeout.
 _CEILING_PATIENCE = 4
-_SLOW_SHARE = 0.8  # the share of its timeout an answer may take with one more request beside it
+_SLOW_SHARE = 0.5  # the share of its timeout an answer may take with one more request beside it
 
 
 @dataclass(frozen=True)
@@ -359,8 +359,8 @@ class Governor:
         Congestion (a 429 or 529, or a timeout) halves the limit (once per generation of
         requests) and caps its growth at what the server took (the ``ceiling``); a 2xx raises it
         by ``1 / limit``, one more slot per limit's worth of successes, up to the ceiling, unless
-        the answer was slow: when the server's time shared by one more request would bring it
-        near its timeout (``share * (limit + 1) / limit`` over 0.8), the limit holds. A
+        the answer was slow: when the server's time shared by one more request would take it past
+        half its timeout (``share * (limit + 1) / limit`` over 0.5), the limit holds. A
         ``Retry-After`` on an error pauses every admission, capped at ``max_pause``.
         """
         now = time.monotonic()
@@ -387,17 +387,15 @@ class Governor:
             self._epoch += 1
         # With `in_flight` out (this one included) the server pushed back: it takes fewer. Every
         # signal of a generation counts here, the lowest wins: a wave of 16 that met room for 6
-        # leaves 6. Never below the halved limit, so one odd refusal costs no more than before.
-        self._ceiling = max(self._limit, min(self._ceiling, float(in_flight - 1)))
+        # leaves 6. It only stops growth: the limit itself is halved, no more.
+        self._ceiling = max(float(self.min_limit), min(self._ceiling, float(in_flight - 1)))
 
     def _grow(self, share: float | None) -> None:
         if share is not None and share * (self._limit + 1) / self._limit > _SLOW_SHARE:
             return  # the server's time shared by one more would bring answers near their timeout
-        if self._limit + 1.0 / self._limit <= self._ceiling:
-            self._limit += 1.0 / self._limit
-        else:
-            self._limit = self._ceiling
-            self._ceiling = min(float(self.max_limit), self._ceiling + 1.0 / (_CEILING_PATIENCE * self._ceiling))
+        self._ceiling = min(float(self.max_limit), self._ceiling + 1.0 / (_CEILING_PATIENCE * self._ceiling))
+        if self._limit < self._ceiling:
+            self._limit = min(self._ceiling, self._limit + 1.0 / self._limit)
 
     def pause(self, seconds: float) -> None:
         """Admit nothing for ``seconds`` (what a ``Retry-After`` does), capped at ``max_pause``."""

@@ -6,7 +6,7 @@ requests asked (first in, first out); otherwise the request waits in a queue. Th
 to the server (AIMD, as TCP does): halved on congestion (a 429 or 529, or an attempt that timed
 out: a request the server could not answer in time is as much a "too many" as a refusal), raised
 by one after a limit's worth of successes (not by answers so slow that one more request would
-bring them near their timeout), always within ``[min_limit, max_limit]``. Congestion also
+take them past half their timeout), always within ``[min_limit, max_limit]``. Congestion also
 teaches the client what the server admits: with ``n`` requests in flight when the server pushed
 back, it takes at most ``n - 1``, so the limit does not grow past that again (the ``ceiling``)
 until a long run of successes suggests it has more room (one more slot per four ceilings'
@@ -392,7 +392,7 @@ class Governor:
 
     def _grow(self, share: float | None) -> None:
         if share is not None and share * (self._limit + 1) / self._limit > _SLOW_SHARE:
-            return  # the server's time shared by one more would bring answers near their timeout
+            return  # the server's time shared by one more would take answers past half their timeout
         self._ceiling = min(float(self.max_limit), self._ceiling + 1.0 / (_CEILING_PATIENCE * self._ceiling))
         if self._limit < self._ceiling:
             self._limit = min(self._ceiling, self._limit + 1.0 / self._limit)

@@ -132,7 +132,9 @@ def _positive_seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llama_jev.serve", description=(__doc__ or "").splitlines()[0])
+    # The docstring's first line, without its reStructuredText markup (a terminal shows it literally).
+    description = (__doc__ or "").splitlines()[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="python -m llama_jev.serve", description=description)
     add = parser.add_argument
     add("--judge", choices=sorted(JUDGES), default="local", help="the judge to serve (default local)")
     add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

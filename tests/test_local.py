@@ -482,14 +482,28 @@ def test_questions_of_another_shape_are_a_bad_request(judge: LocalRelevanceJudge
     assert not raised.value.retryable
 
 
-def test_state_that_is_not_query_text_is_a_bad_request(judge: LocalRelevanceJudge) -> None:
+@pytest.mark.parametrize(
+    "state", [{"tool": "search"}, {"query": 12}, ["a query"]], ids=["no-query", "query-not-text", "array"]
+)
+def test_state_that_is_not_query_text_is_a_bad_request(judge: LocalRelevanceJudge, state: Any) -> None:
     request = SystemOneRequest(
-        state={"query": REFUND_QUERY},
+        state=state,
         questions={"item_0": NoulQuestion(instructions={"question": RELEVANCE_QUESTION, "candidate": "Refunds."})},
     )
 
     with pytest.raises(JevBadRequestError, match="query text"):
         judge.system_one(request)
+
+
+def test_a_structured_state_is_read_by_its_query_field(judge: LocalRelevanceJudge) -> None:
+    # The selector's rule, and the shape the Java JevKnowledge adapter sends.
+    question = NoulQuestion(instructions={"question": RELEVANCE_QUESTION, "candidate": PASSAGES["refund"]})
+    as_text = judge.system_one(SystemOneRequest(state=REFUND_QUERY, questions={"item_0": question}))
+    structured = SystemOneRequest(
+        state={"query": REFUND_QUERY, "tool": "search_knowledge"}, questions={"item_0": question}
+    )
+
+    assert judge.system_one(structured).answers == as_text.answers
 
 
 def test_parameters_of_another_shape_are_refused(encoder: MiniLMEncoder) -> None:

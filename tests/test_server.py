@@ -218,6 +218,19 @@ def test_a_body_that_is_json_but_not_a_request_gets_422(local: ServerProcess) ->
     assert response.json()["detail"][0]["loc"] == ["body", "questions"]
 
 
+@pytest.mark.parametrize("candidate", [12345, None, {"text": "a passage"}], ids=["number", "null", "object"])
+def test_a_candidate_that_is_not_text_gets_422_naming_the_field(local: ServerProcess, candidate: Any) -> None:
+    body = relevance_body(2)
+    body["questions"]["item_1"]["instructions"] = {"question": RELEVANCE_QUESTION, "candidate": candidate}
+
+    response = httpx.post(local.base_url + "/v1/systemone", json=body, headers=keyed(), timeout=60)
+
+    assert response.status_code == 422
+    (problem,) = response.json()["detail"]
+    assert problem["loc"] == ["body", "questions", "item_1", "instructions", "candidate"]
+    assert "text" in problem["msg"]
+
+
 def test_a_request_that_is_not_http_gets_a_json_400(local: ServerProcess) -> None:
     reply = raw_exchange(local.base_url, b"HELLO THERE\r\n\r\n")
 
@@ -265,6 +278,62 @@ def test_two_hundred_slow_clients_do_not_hold_up_a_request(local: ServerProcess)
             sock.close()
 
 
+# -- what the judge cannot read -----------------------------------------------------------------
+
+
+def test_a_structured_state_is_judged_by_its_query_field(local: ServerProcess) -> None:
+    # The shape the Java JevKnowledge adapter sends: the query in the state's "query" field.
+    as_text = httpx.post(local.base_url + "/v1/systemone", json=relevance_body(), headers=keyed(), timeout=60)
+    body = relevance_body()
+    body["state"] = {"query": QUERY, "tool": "search_knowledge"}
+    structured = httpx.post(local.base_url + "/v1/systemone", json=body, headers=keyed(), timeout=60)
+
+    assert structured.status_code == 200
+    assert structured.json()["answers"] == as_text.json()["answers"]
+    assert structured.json()["answers"]["item_0"]["noul"] > 0.5
+    assert "llama-jev-uncertain" not in structured.headers
+
+
+def test_a_request_the_judge_cannot_read_is_seen_in_the_header_the_metrics_and_the_log(local: ServerProcess) -> None:
+    before = metric(local.base_url, 'llama_jev_uncertain_candidates_total{cause="state"}')
+    body = relevance_body(3)
+    body["state"] = {"tool": "search_knowledge", "text": QUERY}  # no "query" field
+
+    response = httpx.post(local.base_url + "/v1/systemone", json=body, headers=keyed(), timeout=60)
+    deadline = time.monotonic() + 10
+    while "3 uncertain" not in local.stdout() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    assert response.status_code == 200
+    assert {answer["noul"] for answer in response.json()["answers"].values()} == {0.5}
+    assert response.headers["llama-jev-uncertain"] == "state=3"
+    assert metric(local.base_url, 'llama_jev_uncertain_candidates_total{cause="state"}') == before + 3
+    line = next(line for line in local.stdout().splitlines() if "3 uncertain" in line)
+    assert "POST /v1/systemone 200 3 candidates" in line
+    assert '(3 uncertain: the state is neither the query text nor an object with a "query" text)' in line
+    assert QUERY not in local.stdout()
+
+
+def test_models_names_the_judge_and_its_version(local: ServerProcess) -> None:
+    from llama_jev import __version__
+
+    response = httpx.get(local.base_url + "/v1/models", headers=keyed())
+
+    (model,) = response.json()["models"]
+    assert model["name"] == "local-relevance-v2"
+    assert model["description"].startswith(f"LocalRelevanceJudge local-relevance-v2 (llama_jev {__version__})")
+    assert "UncertainElsewhere" not in model["description"]
+
+
+def test_serve_help_shows_no_markup() -> None:
+    help_text = subprocess.run(
+        [sys.executable, "-m", "llama_jev.serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+
+    assert "python -m llama_jev.serve --judge local --port 8000: a System One server" in help_text
+    assert "`" not in help_text
+
+
 # -- the log -------------------------------------------------------------------------------------
 
 
@@ -282,6 +351,48 @@ def test_the_log_has_one_line_per_request_and_never_text_or_the_key(local: Serve
     assert re.search(r"POST /v1/systemone 401 0 candidates \d+ ms \(invalid API key\)", out)
     for text in (secret_query, ANSWER, KEY):
         assert text not in out + local.stderr()
+
+
+def test_a_request_whose_client_left_while_it_was_judged_is_logged_as_dropped_not_200(local: ServerProcess) -> None:
+    before = metric(local.base_url, 'llama_jev_requests_total{route="/v1/systemone",status="200"}')
+    body = relevance_body(400, passage=ANSWER * 20)  # a few seconds of the local model
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(local.base_url + "/v1/systemone", json=body, headers=keyed(), timeout=0.5)
+    deadline = time.monotonic() + 120
+    while "400 candidates" not in local.stdout() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+    line = next(line for line in local.stdout().splitlines() if "400 candidates" in line)
+    assert re.search(r"POST /v1/systemone dropped 400 candidates \d+ ms \(the client left while it was judged\)", line)
+    assert metric(local.base_url, 'llama_jev_requests_total{route="/v1/systemone",status="200"}') == before
+
+
+# -- the socket --------------------------------------------------------------------------------------
+
+
+def test_accepted_connections_have_nagle_off() -> None:
+    # With Nagle on, a response's body waits for the client's delayed ACK of its head: ~40 ms
+    # per answer on a kept-alive connection (benchmarks/bench_serve.py measures it).
+    from starlette.responses import JSONResponse
+
+    from llama_jev.server.exchange import TRANSPORT_KEY
+    from llama_jev.server.http import ConnectionLedger, ThreadedServer, bind
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        sock = scope["extensions"][TRANSPORT_KEY].get_extra_info("socket")
+        await JSONResponse({"nodelay": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)})(scope, receive, send)
+
+    sock = bind("127.0.0.1", 0)
+    runner = ThreadedServer(app, sock, ConnectionLedger())
+    runner.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
+            answers = [client.get("/").json()["nodelay"] for _ in range(2)]  # a new connection, then kept alive
+    finally:
+        runner.stop()
+        sock.close()
+
+    assert all(answers)
 
 
 # -- admission, batching, disconnects (the slow judge) ---------------------------------------------
@@ -394,6 +505,15 @@ def test_readiness_is_503_until_the_judge_has_answered_its_warm_up() -> None:
 # -- the drain -------------------------------------------------------------------------------------
 
 
+def _until_received(server: ServerProcess, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+        metric(server.base_url, "llama_jev_requests_in_flight") + metric(server.base_url, "llama_jev_requests_queued")
+        < count
+    ):
+        time.sleep(0.02)
+
+
 def _drain_with_requests_in_flight(server: ServerProcess, sig: int, body: Any, count: int) -> list[Any]:
     """Send ``count`` requests at once, signal the server while they are in flight; their outcomes."""
     results: list[Any] = []
@@ -407,12 +527,7 @@ def _drain_with_requests_in_flight(server: ServerProcess, sig: int, body: Any, c
     callers = [threading.Thread(target=call) for _ in range(count)]
     for caller in callers:
         caller.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (
-        metric(server.base_url, "llama_jev_requests_in_flight") + metric(server.base_url, "llama_jev_requests_queued")
-        < count
-    ):
-        time.sleep(0.02)  # until every request has been received
+    _until_received(server, count)
     assert server.stop(sig) == 0, server.stderr()
     for caller in callers:
         caller.join(60)
@@ -467,6 +582,41 @@ def test_requests_still_waiting_when_the_drain_runs_out_get_503() -> None:
         assert set(statuses) == {200, 503}
         assert all(r.headers.get("retry-after") == "1" for r in results if r.status_code == 503)
         assert time.monotonic() - started < 10  # guard: the drain ended on its own
+
+
+def test_more_work_than_the_drain_allows_is_answered_in_json_within_the_drain() -> None:
+    # 6 in flight and 6 queued, a second each, one call at a time, 3 s to drain: most cannot be
+    # judged in time, and each of those gets a JSON 503 before the drain ends, not uvicorn's
+    # plain-text 500 after it.
+    flags = ("--max-in-flight", "6", "--queue", "6", "--max-batch-tokens", "0", "--drain-seconds", "3")
+    with server_process(serve_slow(1.0, *flags)) as server:
+        answered: list[tuple[float, httpx.Response]] = []
+        signalled = [0.0]
+
+        def call(index: int) -> None:
+            response = httpx.post(server.base_url + "/v1/systemone", json=relevance_body(query=str(index)), timeout=60)
+            answered.append((time.monotonic() - signalled[0], response))
+
+        callers = [threading.Thread(target=call, args=(index,)) for index in range(12)]
+        for caller in callers:
+            caller.start()
+        _until_received(server, 12)
+        signalled[0] = time.monotonic()
+        code = server.stop(signal.SIGTERM)
+        for caller in callers:
+            caller.join(60)
+
+    assert code == 0
+    assert len(answered) == 12
+    for _, response in answered:
+        assert response.headers["content-type"] == "application/json", response.text
+        assert response.status_code in (200, 503), response.text
+    refused = [response for _, response in answered if response.status_code == 503]
+    assert len(refused) >= 6  # a second each, one at a time: at most ~3 fit in the drain
+    assert all(response.headers["retry-after"] == "1" for response in refused)
+    assert all("shutting down" in response.json()["error"] for response in refused)
+    # All JSON means all before uvicorn's cut at drain + 1 s; this only guards against a hang.
+    assert max(seconds for seconds, _ in answered) < 10
 
 
 # -- the key, the host -----------------------------------------------------------------------------

@@ -107,15 +107,31 @@ class _PassageJudge:
         candidate: str = instructions["candidate"]
         return candidate
 
+    def query(self, state: object) -> str:
+        """The query text of a request's ``state``: the state itself, or its ``"query"`` field.
+
+        The selector sends the query as the state; a structured state (``{"query": ..., ...}``,
+        as the Java JevKnowledge adapter sends) carries it in its ``"query"`` field.
+
+        Raises:
+            JevBadRequestError: the state is neither text nor an object with a ``"query"`` text.
+        """
+        if isinstance(state, str):
+            return state
+        query = state.get("query") if isinstance(state, dict) else None
+        if isinstance(query, str):
+            return query
+        kind = 'an object without a "query" text' if isinstance(state, dict) else f"a JSON {type(state).__name__}"
+        raise JevBadRequestError(
+            f'the local judge needs the query text as the state (or its "query" field), got {kind}'
+        )
+
     def _read(self, request: SystemOneRequest) -> tuple[str, dict[str, str]]:
-        if not isinstance(request.state, str):
-            raise JevBadRequestError(
-                f"the local judge needs the query text as the state, got a JSON {type(request.state).__name__}"
-            )
+        query = self.query(request.state)
         passages = {
             question_id: self.candidate(question_id, question) for question_id, question in request.questions.items()
         }
-        return request.state, passages
+        return query, passages
 
 
 def _check_accepted(accepted_questions: Collection[str] | None) -> frozenset[str] | None:

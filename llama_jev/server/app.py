@@ -37,9 +37,10 @@ from llama_jev.server.exchange import (
     Observed,
     ServerHooks,
     error_response,
+    http_error_as_json,
     json_response,
-    route_path,
     until_disconnect,
+    with_error_note,
 )
 from llama_jev.server.metrics import CONTENT_TYPE, ServerMetrics
 from llama_jev.server.protocol import (
@@ -56,17 +57,22 @@ from llama_jev.server.protocol import (
     READY_PATH,
     SYSTEM_ONE_PATH,
     BodyError,
+    candidate_errors,
     invalid_body_payload,
     is_json_content_type,
     known_fields,
     parse_body,
     validation_detail,
 )
+from llama_jev.server.uncertain import UncertainElsewhere, llama_jev_version
 from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge
 from llama_jev.systemone.wire import NoulQuestion, SystemOneRequest
 
 # Seconds of a drain kept for the judge's last pass and the responses (at most a quarter of it).
 _DRAIN_MARGIN = 1.5
+_SHUTTING_DOWN = "the server is shutting down: retry after the Retry-After seconds, on another replica"
+UNCERTAIN_HEADER = "Llama-Jev-Uncertain"
+"""The response header that counts, by cause, the candidates the judge could not read (answered 0.5)."""
 _WARM_UP = SystemOneRequest(
     state="warm-up",
     questions={"warm_up": NoulQuestion(instructions={"question": RELEVANCE_QUESTION, "candidate": "warm-up"})},
@@ -199,7 +205,9 @@ class JudgeServer:
             return error_response(401, "invalid API key")
         if self.settings.models is not None:
             return json_response(200, self.settings.models)
-        description = f"{type(self.judge).__name__} served by llama_jev"
+        description = getattr(self.judge, "description", None)
+        if not isinstance(description, str):
+            description = f"{type(self.judge).__name__} {self.model} (llama_jev {llama_jev_version()})"
         return json_response(200, {"models": [{"name": self.model, "description": description}]})
 
     def _authorized(self, authorization: str | None) -> bool:
@@ -235,7 +243,7 @@ class JudgeServer:
             if int(declared) > self.settings.max_body_bytes:
                 return error_response(413, f"the body is over {self.settings.max_body_bytes} bytes", close=True)
         if self.draining:
-            return error_response(503, "the server is shutting down", close=True, headers={"Retry-After": "1"})
+            return self._shutting_down(close=True)
         # Full now: refused before its body is read. The place itself is taken only once the body
         # is here, so clients that send slowly never hold the places of those that are ready.
         if not self.admission.has_room():
@@ -253,7 +261,7 @@ class JudgeServer:
             watch = asyncio.create_task(_watch_disconnect(request.receive, gone))
             entered = await self._enter(gone)
             if not entered and self._drain_expired.is_set():
-                return error_response(503, "the server is shutting down", headers={"Retry-After": "1"})
+                return self._shutting_down()
             if not entered or gone.is_set():
                 return DropConnection("the client left before its turn")
             return await self._answer(exchange, gone)
@@ -264,6 +272,9 @@ class JudgeServer:
                 self.admission.leave()
             else:
                 self.admission.abandon()
+
+    def _shutting_down(self, *, close: bool = False) -> Response:
+        return error_response(503, _SHUTTING_DOWN, close=close, headers={"Retry-After": "1"})
 
     def _too_many(self, *, close: bool) -> Response:
         message = "too many requests in flight: retry after the Retry-After seconds"
@@ -292,10 +303,13 @@ class JudgeServer:
         limit, chunks, size = self.settings.max_body_bytes, [], 0
         deadline = time.monotonic() + self.settings.body_timeout
         while True:
-            remaining = deadline - time.monotonic()
+            # A drain that began while the body trickles in bounds the wait too.
+            remaining = min(deadline, self._drain_deadline or deadline) - time.monotonic()
             try:
                 message = await asyncio.wait_for(request.receive(), max(remaining, 0.0))
             except asyncio.TimeoutError:
+                if self._drain_deadline is not None and time.monotonic() < deadline:
+                    return self._shutting_down(close=True)
                 message_text = f"the body did not arrive within {self.settings.body_timeout:g} s"
                 return error_response(408, message_text, close=True)
             if message["type"] == "http.disconnect":
@@ -325,49 +339,60 @@ class JudgeServer:
             wire = SystemOneRequest.model_validate(known_fields(parsed))
         except ValidationError as error:
             return json_response(422, {"detail": validation_detail(error)}, error="invalid request body")
+        not_text = candidate_errors(wire)
+        if not_text:
+            return json_response(422, {"detail": not_text}, error="a candidate is not text")
+        uncertain = self._uncertain(wire, exchange)
+        judging = asyncio.ensure_future(
+            self.batcher.judge_request(wire, gone=gone.is_set, timeout=self._judge_timeout())
+        )
+        expired = asyncio.ensure_future(self._drain_expired.wait())
         try:
-            result = await self.batcher.judge_request(wire, gone=gone.is_set, timeout=self._judge_timeout())
+            await asyncio.wait({judging, expired}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            expired.cancel()
+            if not judging.done():
+                # The drain ran out first (or this handler was cancelled): the request leaves the
+                # batcher's queue, and a call already in the judge finishes unread.
+                judging.cancel()
+        if not judging.done() or judging.cancelled():  # cancelled, not yet unwound
+            return self._shutting_down()
+        try:
+            result = judging.result()
         except ClientGone:
             return DropConnection("the client left before its turn")
         except JevBadRequestError as error:
             detail = [{"loc": ["body", "questions"], "msg": str(error), "type": "value_error"}]
             return json_response(422, {"detail": detail}, error="the judge refused the request")
         except JevTimeoutError:
-            if self.draining:
-                return error_response(503, "the server is shutting down", headers={"Retry-After": "1"})
-            return error_response(504, "the judge timed out")
+            return self._shutting_down() if self.draining else error_response(504, "the judge timed out")
         except Exception as error:  # any other failure of the judge is the server's 500
             return error_response(500, f"the judge failed: {type(error).__name__}")
+        if gone.is_set():
+            # Judged for nobody: said so in the log and the metrics (status none), never a 200.
+            return DropConnection("the client left while it was judged")
         payload = result.model_dump(mode="json")
         self.metrics.candidates.inc(len(wire.questions))
         if self.hooks is not None:
             self.hooks.answered(exchange, payload, wire)
-        return json_response(200, payload)
+        headers = {UNCERTAIN_HEADER: ", ".join(f"{cause}={count}" for cause, count in uncertain.items())}
+        return json_response(200, payload, headers=headers if uncertain else {})
+
+    def _uncertain(self, request: SystemOneRequest, exchange: Exchange) -> dict[str, int]:
+        """The candidates the judge cannot read, by cause: counted in the metrics and noted for the log line."""
+        if not isinstance(self.judge, UncertainElsewhere):
+            return {}
+        causes = self.judge.uncertain(request)
+        for cause, count in causes.items():
+            self.metrics.uncertain.labels(cause=cause).inc(count)
+        if causes:
+            exchange.extra["uncertain"] = causes
+        return causes
 
 
 async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
     await until_disconnect(receive)
     gone.set()
-
-
-def _errors_as_json(server: JudgeServer) -> Callable[[Request, Exception], Awaitable[Response]]:
-    async def handle(request: Request, error: Exception) -> Response:
-        assert isinstance(error, HTTPException)
-        path = route_path(request.scope)
-        request.scope[EXCHANGE_KEY].error = {404: "unknown path", 405: "wrong method"}.get(error.status_code)
-        if error.status_code == 404:
-            return error_response(404, f"no route {path}" if path.isascii() and len(path) <= 200 else "no such route")
-        if error.status_code == 405:
-            allowed = (error.headers or {}).get("Allow", "")
-            return error_response(405, f"use {allowed} {path}", headers={"Allow": allowed})
-        return error_response(error.status_code, error.detail, headers=error.headers or {})
-
-    return handle
-
-
-def _with_error_note(response: Response, exchange: Exchange) -> Response:
-    exchange.error = getattr(response, "llama_jev_error", None)
-    return response
 
 
 def create_app(
@@ -429,7 +454,7 @@ def create_app(
 
     def noted(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def call(request: Request) -> Response:
-            return _with_error_note(await endpoint(request), request.scope[EXCHANGE_KEY])
+            return with_error_note(await endpoint(request), request.scope[EXCHANGE_KEY])
 
         return call
 
@@ -448,11 +473,10 @@ def create_app(
         Route(READY_PATH, noted(server.readyz), methods=["GET"]),
         Route(METRICS_PATH, noted(server.metrics_text), methods=["GET"]),
     ]
-    handler = _errors_as_json(server)
     app = Starlette(
         routes=routes,
         middleware=[Middleware(Observed, metrics=server.metrics, hooks=lambda: server.hooks, on_request=on_request)],
-        exception_handlers={HTTPException: handler},
+        exception_handlers={HTTPException: http_error_as_json},
         lifespan=lifespan,
     )
     app.state.judge_server = server

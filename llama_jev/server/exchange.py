@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -181,3 +183,22 @@ def route_path(scope: Scope) -> str:
     path: str = scope["path"]
     root: str = scope.get("root_path", "")
     return path[len(root) :] or "/" if root and path.startswith(root) else path
+
+
+async def http_error_as_json(request: Request, error: Exception) -> Response:
+    """Starlette's 404 and 405 (and any other ``HTTPException``) as the protocol's JSON errors."""
+    assert isinstance(error, HTTPException)
+    path = route_path(request.scope)
+    request.scope[EXCHANGE_KEY].error = {404: "unknown path", 405: "wrong method"}.get(error.status_code)
+    if error.status_code == 404:
+        return error_response(404, f"no route {path}" if path.isascii() and len(path) <= 200 else "no such route")
+    if error.status_code == 405:
+        allowed = (error.headers or {}).get("Allow", "")
+        return error_response(405, f"use {allowed} {path}", headers={"Allow": allowed})
+    return error_response(error.status_code, error.detail, headers=error.headers or {})
+
+
+def with_error_note(response: Response, exchange: Exchange) -> Response:
+    """``response``, with its error reason (if any) noted in ``exchange`` for the log line."""
+    exchange.error = getattr(response, "llama_jev_error", None)
+    return response

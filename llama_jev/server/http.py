@@ -55,6 +55,7 @@ def protocol_class(ledger: ConnectionLedger) -> type[H11Protocol]:
     class _JudgeProtocol(H11Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)  # type: ignore[arg-type]
+            _no_delay(transport)
             self._ordinal = ledger.open()
             self._head_timer: asyncio.TimerHandle | None = None
             self._arm_head_timer()
@@ -108,6 +109,17 @@ def protocol_class(ledger: ConnectionLedger) -> type[H11Protocol]:
     return _JudgeProtocol
 
 
+def _no_delay(transport: asyncio.BaseTransport) -> None:
+    # Nagle's algorithm holds a response's second write (uvicorn sends the head and the body
+    # apart) until the client ACKs the first, and clients delay that ACK by up to 40 ms: every
+    # answer on a kept-alive connection waited for it. asyncio sets TCP_NODELAY itself only on
+    # sockets whose protocol says TCP (see bind()); a socket handed in from elsewhere gets it here.
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def _write_error(transport: asyncio.Transport, status: int, message: str) -> None:
     # Written raw: h11 cannot send a response to a request whose head it never had.
     body = json_bytes(error_payload(message))
@@ -133,9 +145,13 @@ def _config(app: Any, ledger: ConnectionLedger, *, lifespan: str, keep_alive: in
 
 
 def bind(host: str, port: int, *, backlog: int = 2048) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (``port`` 0: any free port)."""
+    """A listening TCP socket on ``host:port`` (``port`` 0: any free port).
+
+    Created with ``IPPROTO_TCP`` so that the sockets it accepts say TCP too, and asyncio sets
+    ``TCP_NODELAY`` on each (with protocol 0 it does not).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from llama_jev.server.protocol import ROUTES
+from llama_jev.server.uncertain import UNCERTAIN_CAUSES
 
 
 class Logged(Protocol):
@@ -42,6 +43,8 @@ def _fields(request: Logged) -> dict[str, Any]:
         "ms": round((request.finished - request.started) * 1000, 1),
         # The server's own reason for an error status ("invalid API key"): a 401 alone does not say which.
         "error": request.error if request.error and request.status not in (200, 404) else None,
+        # Candidates the judge could not read (answered 0.5), by cause: never a silent "uncertain".
+        "uncertain": getattr(request, "extra", {}).get("uncertain") or None,
     }
 
 
@@ -62,7 +65,10 @@ def request_line(request: Logged) -> str:
         f"{fields['time'].strftime('%H:%M:%SZ')} {fields['method']} {fields['route']} {status} "
         f"{count} candidate{'' if count == 1 else 's'} {fields['ms']:.0f} ms"
     )
-    return f"{line} ({fields['error']})" if fields["error"] else line
+    notes = [fields["error"]] if fields["error"] else []
+    for cause, counted in (fields["uncertain"] or {}).items():
+        notes.append(f"{counted} uncertain: {UNCERTAIN_CAUSES.get(cause, cause)}")
+    return f"{line} ({'; '.join(notes)})" if notes else line
 
 
 def request_json(request: Logged) -> str:

@@ -14,7 +14,7 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
 class ServerMetrics:
-    """Requests by route and status, candidates judged, request latency, in flight, queued, batch sizes."""
+    """Requests by route and status, candidates judged and unread, latency, in flight, queued, batch sizes."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -39,6 +39,13 @@ class ServerMetrics:
         )
         self.queued = Gauge(
             "llama_jev_requests_queued", "System One requests admitted and waiting for a slot.", registry=self.registry
+        )
+        self.uncertain = Counter(
+            "llama_jev_uncertain_candidates",
+            "Candidates answered 'uncertain' (0.5) because the judge cannot read them, by cause "
+            "(state: no query text; question: not a relevance question).",
+            ["cause"],
+            registry=self.registry,
         )
         self.batch = Histogram(
             "llama_jev_batch_candidates",

@@ -72,6 +72,31 @@ def validation_detail(error: ValidationError) -> list[dict[str, Any]]:
     ]
 
 
+def candidate_errors(request: SystemOneRequest) -> list[dict[str, Any]]:
+    """A 422's ``detail`` for every question whose ``instructions.candidate`` is not text (empty: none).
+
+    The candidate is the passage judged: a number or an object there is a client's bug, which a
+    judge would otherwise answer "uncertain" (0.5) without a word.
+
+    Example:
+        >>> from llama_jev.systemone.wire import NoulQuestion
+        >>> bad = NoulQuestion(instructions={"question": "Relevant?", "candidate": 12345})
+        >>> candidate_errors(SystemOneRequest(state="q", questions={"item_0": bad}))[0]["loc"]
+        ['body', 'questions', 'item_0', 'instructions', 'candidate']
+    """
+    detail = []
+    for question_id, question in request.questions.items():
+        instructions = question.instructions
+        if isinstance(instructions, dict) and "candidate" in instructions:
+            value = instructions["candidate"]
+            if not isinstance(value, str):
+                kind = "null" if value is None else type(value).__name__
+                message = f"the candidate must be text (a JSON string), got {kind}"
+                loc = ["body", "questions", question_id, "instructions", "candidate"]
+                detail.append({"loc": loc, "msg": message, "type": "string_type"})
+    return detail
+
+
 def known_fields(body: Any) -> Any:
     """``body`` without unknown top-level fields (a client's trace id, a future option), as TypeSafe does."""
     if isinstance(body, dict):

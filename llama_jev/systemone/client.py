@@ -140,7 +140,8 @@ class JevClient:
         retry: the :class:`RetryPolicy`.
         max_in_flight: the most requests this client has in flight at once, over every thread
             and event loop using it (default 16: TypeSafe answers 429 from about 24). The bound
-            adapts: halved on 429/529, raised again by successes; a ``Retry-After`` pauses every
+            adapts: halved on 429/529 and on an attempt that timed out, raised again by successes
+            but not past what the server was seen to take; a ``Retry-After`` pauses every
             request of the client. Waiting for a slot counts against each call's ``timeout``.
             See :attr:`stats` and :class:`~llama_jev.systemone.governor.Governor`.
         transport / async_transport: httpx transports, for tests, proxies or custom TLS.
@@ -231,14 +232,17 @@ class JevClient:
                 # Waiting for admission already used the whole budget: no retry could fit.
                 raise admitted if isinstance(admitted, JevAPIError) else RuntimeError("admission without a permit")
             outcome: _Outcome = None
+            attempt = math.inf
+            sent = time.monotonic()
             try:
                 left = math.inf if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise JevTimeoutError("the time budget ran out waiting for admission", retryable=True)
-                outcome = yield _Send(body, min(self.timeout, left))
+                attempt = min(self.timeout, left)
+                outcome = yield _Send(body, attempt)
             finally:
                 # Also on GeneratorExit (the caller was cancelled mid-request): the slot is given back.
-                self._release(admitted, outcome)
+                self._release(admitted, outcome, share=(time.monotonic() - sent) / attempt)
             if deadline is not None and time.monotonic() > deadline:
                 # httpx times each phase, not the whole attempt: a server trickling its answer
                 # could otherwise outlast the budget.
@@ -259,15 +263,18 @@ class JevClient:
                 count_retry(type(error).__name__, error.status_code)
             yield _Sleep(delay)
 
-    def _release(self, permit: Permit, outcome: _Outcome) -> None:
+    def _release(self, permit: Permit, outcome: _Outcome, *, share: float | None = None) -> None:
         """Tell the governor how the attempt went: the status decides the limit, Retry-After the pause."""
         if isinstance(outcome, httpx.Response):
             retry_after = _retry_after(outcome.headers) if outcome.status_code >= 400 else None
             if outcome.status_code in (429, 529):
                 count_rate_limited(outcome.status_code)
-            self.governor.release(permit, status=outcome.status_code, retry_after=retry_after)
+            # How much of its time the answer took: a slow one does not raise the bound.
+            self.governor.release(permit, status=outcome.status_code, retry_after=retry_after, share_of_timeout=share)
         else:
-            self.governor.release(permit)
+            # A timed-out attempt is congestion (the server could not answer in time): the governor
+            # backs off as on a 429, instead of sending as many again into the same queue.
+            self.governor.release(permit, timed_out=isinstance(outcome, JevTimeoutError))
 
     def _with_model(self, request: SystemOneRequest) -> SystemOneRequest:
         # The request model defaults to the alias; a client configured for another model sends its own.

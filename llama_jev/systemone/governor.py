@@ -3,9 +3,15 @@
 Every thread and every event loop that uses one client shares its governor. It admits a request
 when fewer than ``limit`` are in flight and the server has not asked for a pause, in the order
 requests asked (first in, first out); otherwise the request waits in a queue. The limit adapts
-to the server (AIMD, as TCP does): halved on a 429 or 529, raised by one after a limit's worth of
-successes, always within ``[min_limit, max_limit]``. A ``Retry-After`` pauses every admission
-until it has passed. A request never waits past its deadline: when the deadline comes first (or
+to the server (AIMD, as TCP does): halved on congestion (a 429 or 529, or an attempt that timed
+out: a request the server could not answer in time is as much a "too many" as a refusal), raised
+by one after a limit's worth of successes (not by answers so slow that one more request would
+take them past half their timeout), always within ``[min_limit, max_limit]``. Congestion also
+teaches the client what the server admits: with ``n`` requests in flight when the server pushed
+back, it takes at most ``n - 1``, so the limit does not grow past that again (the ``ceiling``)
+until a long run of successes suggests it has more room (one more slot per four ceilings'
+worth). A ``Retry-After`` pauses every admission until it has passed. A request never waits past
+its deadline: when the deadline comes first (or
 the pause ends after it) the request fails at once with :class:`~llama_jev.errors.JevTimeoutError`.
 
 The core is a lock and a queue of waiters; a sync waiter sleeps on a ``threading.Event``, an async
@@ -43,6 +49,10 @@ __all__ = [
 
 # What the server told us by a response's status: slow down, or all is well.
 _SLOW_DOWN = frozenset({429, 529})
+# Successes, in ceilings' worth, before the learned ceiling lets one more request in: slower than
+# the limit's own growth, since each probe past what the server admits costs a refusal or a timeout.
+_CEILING_PATIENCE = 4
+_SLOW_SHARE = 0.5  # the share of its timeout an answer may take with one more request beside it
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class GovernorStats:
         queue_timeouts: requests that gave up waiting because their deadline came first.
         queue_wait_seconds: total time requests spent waiting for admission.
         max_queue_wait_seconds: the longest single wait.
+        timed_out: attempts that timed out (congestion, as a 429).
+        ceiling: the most in flight the server has been seen to take (``max_limit`` until it pushes back).
     """
 
     limit: int
@@ -74,6 +86,8 @@ class GovernorStats:
     queue_timeouts: int
     queue_wait_seconds: float
     max_queue_wait_seconds: float
+    timed_out: int = 0
+    ceiling: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +174,7 @@ class Governor:
         self.max_pause = float(max_pause)
         self._lock = threading.Lock()
         self._limit = float(max_limit)
+        self._ceiling = float(max_limit)
         self._in_flight = 0
         self._waiters: deque[_Waiter] = deque()
         self._paused_until = 0.0
@@ -169,6 +184,7 @@ class Governor:
         self._admitted = 0
         self._rate_limited = 0
         self._overloaded = 0
+        self._timed_out = 0
         self._queue_timeouts = 0
         self._waited = 0.0
         self._max_waited = 0.0
@@ -200,6 +216,8 @@ class Governor:
                 queue_timeouts=self._queue_timeouts,
                 queue_wait_seconds=self._waited,
                 max_queue_wait_seconds=self._max_waited,
+                timed_out=self._timed_out,
+                ceiling=int(self._ceiling),
             )
 
     # --- the shared core (call with the lock held) ------------------------------------------
@@ -325,30 +343,59 @@ class Governor:
                 self._abandon(entered)
             raise
 
-    def release(self, permit: Permit, *, status: int | None = None, retry_after: float | None = None) -> None:
+    def release(
+        self,
+        permit: Permit,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        timed_out: bool = False,
+        share_of_timeout: float | None = None,
+    ) -> None:
         """Hand back ``permit`` with what the server said: its HTTP ``status`` (``None``: no
-        answer) and ``Retry-After`` in seconds, if it sent one.
+        answer), ``Retry-After`` in seconds, if it sent one, whether the attempt ``timed_out``,
+        and the ``share_of_timeout`` its answer took (0.6: 60 % of the attempt's timeout).
 
-        A 429 or 529 halves the limit (once per generation of requests); a 2xx raises it by
-        ``1 / limit``, one more slot per limit's worth of successes. A ``Retry-After`` on an
-        error pauses every admission, capped at ``max_pause``.
+        Congestion (a 429 or 529, or a timeout) halves the limit (once per generation of
+        requests) and caps its growth at what the server took (the ``ceiling``); a 2xx raises it
+        by ``1 / limit``, one more slot per limit's worth of successes, up to the ceiling, unless
+        the answer was slow: when the server's time shared by one more request would take it past
+        half its timeout (``share * (limit + 1) / limit`` over 0.5), the limit holds. A
+        ``Retry-After`` on an error pauses every admission, capped at ``max_pause``.
         """
         now = time.monotonic()
         with self._lock:
+            in_flight = self._in_flight
             self._in_flight -= 1
-            if status in _SLOW_DOWN:
+            if status in _SLOW_DOWN or timed_out:
                 if status == 429:
                     self._rate_limited += 1
-                else:
+                elif status is not None:
                     self._overloaded += 1
-                if permit.epoch == self._epoch:
-                    self._limit = max(float(self.min_limit), math.floor(self._limit / 2))
-                    self._epoch += 1
+                else:
+                    self._timed_out += 1
+                self._congested(permit, in_flight)
             elif status is not None and 200 <= status < 300:
-                self._limit = min(float(self.max_limit), self._limit + 1.0 / self._limit)
+                self._grow(share_of_timeout)
             if retry_after is not None and status is not None and status >= 400:
                 self._pause_until(now + min(retry_after, self.max_pause))
             self._dispatch(now)
+
+    def _congested(self, permit: Permit, in_flight: int) -> None:
+        if permit.epoch == self._epoch:
+            self._limit = max(float(self.min_limit), math.floor(self._limit / 2))
+            self._epoch += 1
+        # With `in_flight` out (this one included) the server pushed back: it takes fewer. Every
+        # signal of a generation counts here, the lowest wins: a wave of 16 that met room for 6
+        # leaves 6. It only stops growth: the limit itself is halved, no more.
+        self._ceiling = max(float(self.min_limit), min(self._ceiling, float(in_flight - 1)))
+
+    def _grow(self, share: float | None) -> None:
+        if share is not None and share * (self._limit + 1) / self._limit > _SLOW_SHARE:
+            return  # the server's time shared by one more would take answers past half their timeout
+        self._ceiling = min(float(self.max_limit), self._ceiling + 1.0 / (_CEILING_PATIENCE * self._ceiling))
+        if self._limit < self._ceiling:
+            self._limit = min(self._ceiling, self._limit + 1.0 / self._limit)
 
     def pause(self, seconds: float) -> None:
         """Admit nothing for ``seconds`` (what a ``Retry-After`` does), capped at ``max_pause``."""

@@ -1,6 +1,6 @@
 """``python -m llama_jev.serve --judge local --port 8000``: a System One server backed by a local judge.
 
-It runs :func:`llama_jev.server.create_app` on uvicorn (``pip install "llama-jev[serve,local]"``):
+It runs :func:`llama_jev.server.create_app` on uvicorn (``pip install -e ".[serve,local]"`` in a clone):
 ``POST /v1/systemone`` and ``GET /v1/models`` with the protocol and validation of
 :class:`llama_jev.testing.SystemOneTestServer` (the same application), plus ``GET /healthz``,
 ``GET /readyz`` and ``GET /metrics``. So the real :class:`~llama_jev.JevClient` path, or an app in
@@ -9,8 +9,8 @@ another language, runs end to end offline:
     python -m llama_jev.serve --judge local --port 8000
     TYPESAFE_BASE_URL=http://127.0.0.1:8000 python -m examples.refund_policy
 
-The ``local`` judge is :class:`~llama_jev.local.LocalRelevanceJudge` (``pip install
-"llama-jev[local]"``). It answers relevance questions shaped like the selector's (state = the
+The ``local`` judge is :class:`~llama_jev.local.LocalRelevanceJudge` (``pip install -e
+".[local]"`` in a clone). It answers relevance questions shaped like the selector's (state = the
 query text, a noul question with instructions ``{"question": RELEVANCE_QUESTION, "candidate":
 passage}``); **any other question gets the maximally uncertain answer** (0.5, or a uniform
 distribution), which the selector's thresholds treat as "uncertain", never as a verdict. It
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llama_jev.server.http import bind, run_draining
         from llama_jev.server.log import request_json, request_line
     except ImportError as error:
-        print(f'llama_jev.serve: {error} (pip install "llama-jev[serve]")', file=sys.stderr)
+        print(f'llama_jev.serve: {error} (in a clone of llama_jev: pip install -e ".[serve,local]")', file=sys.stderr)
         return 2
     try:
         judge = JUDGES[args.judge]()

@@ -288,7 +288,7 @@ def test_llama_jev_imports_without_the_postgres_extra() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
     lines = done.stdout.splitlines()
     assert len(lines) == 2  # the old module path and the package both say what to install
-    assert all('pip install "llama-jev[postgres]"' in line for line in lines)
+    assert all('pip install -e ".[postgres]" in a clone of llama_jev' in line for line in lines)
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])

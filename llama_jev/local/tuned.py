@@ -1,6 +1,6 @@
 """A trained exit layer: a small delta merged into the cross-encoder's fp32 weights at load time.
 
-``benchmarks/train_local_judge.py`` trains the judge's exit layer (layer 9) further on hard
+``judge_training/train_local_judge.py`` trains the judge's exit layer (layer 9) further on hard
 negatives. What changes fits in one small file (about 250 kB): for each of the layer's six
 matrices a rank-8 update ``A @ B``, and the layer's biases and layer norms in full. The pinned
 base model is not copied: when the model is loaded, :meth:`LayerDelta.merge` adds ``A @ B`` to

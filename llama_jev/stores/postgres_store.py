@@ -1,6 +1,6 @@
 """``AclPGVectorStore``: LlamaIndex's ``PGVectorStore`` with the caller's ACL and filters as bound SQL.
 
-Needs the ``postgres`` extra (``pip install "llama-jev[postgres]"``). Import it from
+Needs the ``postgres`` extra (``pip install -e ".[postgres]"`` in a clone). Import it from
 ``llama_jev.stores``.
 """
 
@@ -15,7 +15,8 @@ try:
     from llama_index.vector_stores.postgres.base import DBEmbeddingRow
 except ImportError as error:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        'AclPGVectorStore needs llama-index-vector-stores-postgres and its drivers: pip install "llama-jev[postgres]"'
+        "AclPGVectorStore needs llama-index-vector-stores-postgres and its drivers: "
+        'pip install -e ".[postgres]" in a clone of llama_jev'
     ) from error
 import sqlalchemy
 from llama_index.core.bridge.pydantic import PrivateAttr

@@ -67,7 +67,9 @@ def chroma_server(*, timeout: float = 60.0) -> Iterator[ChromaServer]:
     try:
         import chromadb.cli.cli  # noqa: F401  (found here, so a missing extra says so plainly)
     except ImportError as error:
-        raise RuntimeError('chroma_server needs the chromadb wheel: pip install "llama-jev[chroma]"') from error
+        raise RuntimeError(
+            'chroma_server needs the chromadb wheel: pip install -e ".[chroma]" in a clone of llama_jev'
+        ) from error
     folder = tempfile.mkdtemp(prefix="llama-jev-chroma-")
     port = _free_port()
     log_path = f"{folder}/server.log"

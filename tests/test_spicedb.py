@@ -29,7 +29,7 @@ from authzed.api.v1 import (
     CheckPermissionResponse,
 )
 from google.rpc.status_pb2 import Status
-from llama_index.core.schema import BaseNode, TextNode
+from llama_index.core.schema import BaseNode, NodeRelationship, RelatedNodeInfo, TextNode
 
 from llama_jev import RuntimeContext
 from llama_jev.acl import Ids, Nothing, SpiceDBAcl, Unknown
@@ -129,14 +129,14 @@ def _healthy(spicedb: SpiceDBServer) -> Iterator[None]:
 
 
 def make_acl(spicedb: SpiceDBServer, **options: Any) -> SpiceDBAcl:
-    options.setdefault("document_id_key", "doc_id")
+    options.setdefault("document_id_key", "document")
     return SpiceDBAcl(spicedb.target, preshared_key=spicedb.preshared_key, insecure=True, **options)
 
 
 def chunks(documents: Sequence[str], per_document: int = 2) -> list[BaseNode]:
-    """``per_document`` chunks of each document, sharing its id under ``doc_id``."""
+    """``per_document`` chunks of each document, sharing its id under ``document``."""
     return [
-        TextNode(id_=f"{document}-chunk-{n}", text=f"chunk {n} of {document}", metadata={"doc_id": document})
+        TextNode(id_=f"{document}-chunk-{n}", text=f"chunk {n} of {document}", metadata={"document": document})
         for document in documents
         for n in range(per_document)
     ]
@@ -188,7 +188,7 @@ def test_the_restriction_lists_the_documents_the_subject_may_read(
     found = restriction(make_acl(spicedb), RuntimeContext(user_id=user), use_async=use_async)
     assert isinstance(found, Ids)
     assert found.ids == READS[user]
-    assert found.key == "doc_id"
+    assert found.key == "document"
     assert found.token  # the lookup's ZedToken
 
 
@@ -291,7 +291,7 @@ def test_every_chunk_of_a_permitted_document_is_allowed_and_no_other(
 ) -> None:
     nodes = chunks(DOCUMENTS, per_document=3)
     found = allowed(make_acl(spicedb), RuntimeContext(user_id=user), nodes, use_async=use_async)
-    assert found == {node.node_id for node in nodes if node.metadata["doc_id"] in READS[user]}
+    assert found == {node.node_id for node in nodes if node.metadata["document"] in READS[user]}
 
 
 @both
@@ -314,24 +314,44 @@ def test_the_documents_are_checked_in_batches_of_batch_size(spicedb: SpiceDBServ
     before = len(spicedb.calls)
     nodes = chunks(DOCUMENTS, per_document=4)
     found = allowed(make_acl(spicedb, batch_size=2), RuntimeContext(user_id="alice"), nodes, use_async=use_async)
-    assert found == {node.node_id for node in nodes if node.metadata["doc_id"] in READS["alice"]}
+    assert found == {node.node_id for node in nodes if node.metadata["document"] in READS["alice"]}
     bulk = [call for call in spicedb.calls[before:] if call.method == "CheckBulkPermissions"]
     # 5 distinct documents (never one item per chunk), 2 per request.
     assert sorted(call.items for call in bulk) == [1, 2, 2]
 
 
+@pytest.mark.parametrize("key", ["ref_doc_id", "doc_id", "document_id"])
+def test_the_source_document_keys_read_the_chunks_ref_doc_id(spicedb: SpiceDBServer, key: str) -> None:
+    # LlamaIndex's stores write node.ref_doc_id under these three keys, whatever the metadata says.
+    nodes = [
+        TextNode(
+            id_=f"{source}-{n}",
+            text="x",
+            metadata={key: "secret"},  # never read: the stores hold the source's id under this key
+            relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=source)},
+        )
+        for source in ("roadmap", "secret")
+        for n in range(2)
+    ]
+    nodes.append(TextNode(id_="orphan", text="x", metadata={key: "roadmap"}))  # no source: no document
+    assert make_acl(spicedb, document_id_key=key).allowed(RuntimeContext(user_id="alice"), nodes) == {
+        "roadmap-0",
+        "roadmap-1",
+    }
+
+
 def test_nodes_without_a_nameable_document_are_denied_and_never_sent(spicedb: SpiceDBServer) -> None:
     metadata: list[dict[str, Any]] = [
         {},
-        {"doc_id": 42},
-        {"doc_id": ["announce"]},
-        {"doc_id": "*"},
-        {"doc_id": "announce "},
-        {"doc_id": "$ne"},
-        {"doc_id": "announce' OR 1=1 --"},
+        {"document": 42},
+        {"document": ["announce"]},
+        {"document": "*"},
+        {"document": "announce "},
+        {"document": "$ne"},
+        {"document": "announce' OR 1=1 --"},
     ]
     nodes = [TextNode(id_=f"odd-{n}", text="x", metadata=item) for n, item in enumerate(metadata)]
-    nodes.append(TextNode(id_="fine", text="x", metadata={"doc_id": "announce"}))
+    nodes.append(TextNode(id_="fine", text="x", metadata={"document": "announce"}))
     before = len(spicedb.calls)
     assert make_acl(spicedb).allowed(RuntimeContext(user_id="dave"), nodes) == {"fine"}
     assert [call.items for call in spicedb.calls[before:]] == [1]
@@ -348,7 +368,7 @@ def test_no_nodes_asks_nothing(spicedb: SpiceDBServer) -> None:
 
 @both
 def test_spicedb_down_raises_and_allows_nothing(use_async: bool) -> None:
-    acl = SpiceDBAcl(closed_port(), insecure=True, document_id_key="doc_id", timeout=2)
+    acl = SpiceDBAcl(closed_port(), insecure=True, document_id_key="document", timeout=2)
     with pytest.raises(PermissionsUnavailableError) as raised:
         allowed(acl, RuntimeContext(user_id="alice"), chunks(DOCUMENTS), use_async=use_async)
     assert (raised.value.engine, raised.value.reason, raised.value.retryable) == ("spicedb", "UNREACHABLE", True)
@@ -384,7 +404,7 @@ def test_a_refused_request_raises_refused(spicedb: SpiceDBServer, options: dict[
     acl = SpiceDBAcl(
         spicedb.target,
         insecure=True,
-        document_id_key="doc_id",
+        document_id_key="document",
         **{"preshared_key": spicedb.preshared_key, **options},
     )
     with pytest.raises(PermissionsUnavailableError) as raised:
@@ -394,7 +414,7 @@ def test_a_refused_request_raises_refused(spicedb: SpiceDBServer, options: dict[
 
 
 def test_a_tls_client_against_a_plaintext_spicedb_fails_closed(spicedb: SpiceDBServer) -> None:
-    acl = SpiceDBAcl(spicedb.target, preshared_key=spicedb.preshared_key, document_id_key="doc_id", timeout=2)
+    acl = SpiceDBAcl(spicedb.target, preshared_key=spicedb.preshared_key, document_id_key="document", timeout=2)
     with pytest.raises(PermissionsUnavailableError) as raised:
         acl.allowed(RuntimeContext(user_id="alice"), chunks(DOCUMENTS))
     assert raised.value.reason == "UNREACHABLE"

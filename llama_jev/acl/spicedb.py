@@ -11,12 +11,13 @@
 - Consistency: both reads ``at_least_as_fresh`` the ZedToken the app puts in the context's
   ``spicedb_token`` attribute (its last write), else ``fully_consistent``.
 
-A node's document is ``metadata[document_id_key]`` (the node id when unset), so every chunk of a
-permitted document is kept. Needs the ``spicedb`` extra (the official ``authzed`` client).
+A node's document is ``metadata[document_id_key]``, its source ``Document``'s id with
+``document_id_key="ref_doc_id"``, or the node id when unset; every chunk of a permitted document
+is kept. Needs the ``spicedb`` extra (the official ``authzed`` client).
 
 Example::
 
-    acl = SpiceDBAcl("spicedb.internal:50051", preshared_key=key, document_id_key="doc_id")
+    acl = SpiceDBAcl("spicedb.internal:50051", preshared_key=key, document_id_key="ref_doc_id")
     retriever = JevRetriever.from_index(index, selector, acl, top_k=5)
     with runtime_context(RuntimeContext(user_id="alice", attributes={"spicedb_token": last_write_token})):
         nodes = retriever.retrieve("What are the refund conditions?")
@@ -61,6 +62,8 @@ __all__ = ["SpiceDBAcl"]
 
 logger = logging.getLogger("llama_jev.acl.spicedb")
 
+SOURCE_KEYS = frozenset({"ref_doc_id", "doc_id", "document_id"})
+"""Keys LlamaIndex's stores fill with the node's source document id (``node.ref_doc_id``)."""
 TOKEN_ATTRIBUTE = "spicedb_token"  # noqa: S105 - an attribute name, not a secret
 
 
@@ -78,8 +81,11 @@ class SpiceDBAcl:
             subject set (rare).
         subject_id: the caller's SpiceDB id from the context (default ``ctx.user_id``). An id
             SpiceDB cannot name (``*``, ``@``, quotes, blanks) reads nothing, with one warning.
-        document_id_key: the metadata key holding the node's document id (every chunk of a
-            permitted document is kept); None: the node id is the document id.
+        document_id_key: where a node's document id is (every chunk of a permitted document is
+            kept): a metadata key, or ``"ref_doc_id"`` for the id of the LlamaIndex ``Document``
+            the chunk came from (``node.ref_doc_id``, which every vector store writes under
+            ``ref_doc_id``, ``doc_id`` and ``document_id``: those three keys always mean it);
+            None: the node id is the document id.
         max_ids: the most documents an id allow-list may hold (default 1,000); a subject who may
             read more gets no pushdown (widening and the final check instead).
         batch_size: items per CheckBulkPermissions request (the requests are concurrent).
@@ -91,7 +97,7 @@ class SpiceDBAcl:
 
     Example::
 
-        >>> acl = SpiceDBAcl("localhost:50051", preshared_key="key", insecure=True, document_id_key="doc_id")
+        >>> acl = SpiceDBAcl("localhost:50051", preshared_key="key", insecure=True, document_id_key="ref_doc_id")
         >>> acl.engine
         'spicedb'
     """
@@ -179,12 +185,21 @@ class SpiceDBAcl:
     def _token(self, ctx: RuntimeContext) -> str | None:
         return ctx.attributes.get(self.token_attribute) or None
 
+    def _document_id(self, node: BaseNode) -> object:
+        if self.document_id_key is None:
+            return node.node_id
+        if self.document_id_key in SOURCE_KEYS:
+            # What every LlamaIndex vector store writes under these keys (node_to_metadata_dict):
+            # the source document's id, whatever the node's own metadata says.
+            return node.ref_doc_id
+        return node.metadata.get(self.document_id_key)
+
     def _documents(self, nodes: Sequence[BaseNode]) -> dict[str, list[str]]:
         """Document id -> the node ids of its chunks; a node without a nameable document id is denied."""
         documents: dict[str, list[str]] = {}
         unnamed = 0
         for node in nodes:
-            document = node.node_id if self.document_id_key is None else node.metadata.get(self.document_id_key)
+            document = self._document_id(node)
             if isinstance(document, str) and is_object_id(document):
                 documents.setdefault(document, []).append(node.node_id)
             else:
@@ -280,7 +295,7 @@ class SpiceDBAcl:
         Example::
 
             >>> acl.restriction(RuntimeContext(user_id="alice"))  # doctest: +SKIP
-            Ids(ids=frozenset({'handbook', 'refunds'}), key='doc_id', token='GhUKEzE3...')
+            Ids(ids=frozenset({'handbook', 'refunds'}), key='ref_doc_id', token='GhUKEzE3...')
         """
         pages = self._lookup(ctx)
         if not isinstance(pages, LookupPages):

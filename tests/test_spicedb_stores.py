@@ -266,3 +266,28 @@ def test_the_async_path_returns_the_same(
 
     assert asyncio.run(awaited()) == synced
     assert all(DOCUMENT_OF[node_id] in oracle[user] for user, ids in synced.items() for node_id in ids)
+
+
+def test_the_record_names_the_engine_and_the_restriction_never_an_id(
+    spicedb: SpiceDBServer, oracle: dict[str, set[str]]
+) -> None:
+    index = VectorStoreIndex(NODES, embed_model=HashEmbedding(dimensions=8))
+    records: list[Any] = []
+    selector = CandidateSelector(
+        ScriptedJudge(lambda *_: 0.5),
+        ExecutionOptions(mode=Mode.SHADOW, observer=lambda ctx, record: records.append(record)),
+    )
+    user = max(USERS, key=lambda name: len(oracle[name]))  # more documents than max_ids=4
+    for max_ids, kind in ((1000, "ids"), (4, "none")):
+        acl = acl_for(spicedb, max_ids=max_ids)
+        with bound(RuntimeContext(user_id=user)):
+            JevRetriever.from_index(index, selector, acl, top_k=5).retrieve(QUERY)
+        record = records[-1]
+        assert (record.engine, record.restriction) == ("spicedb", kind)
+        dumped = record.model_dump_json()
+        assert user not in dumped
+        assert not any(document in dumped for document in oracle[user])
+        acl.close()
+    with bound(RuntimeContext(user_id="$ne")):
+        assert JevRetriever.from_index(index, selector, acl_for(spicedb), top_k=5).retrieve(QUERY) == []
+    assert records[-1].restriction == "nothing"

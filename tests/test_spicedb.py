@@ -599,3 +599,15 @@ def test_a_pair_error_is_no_decision() -> None:
     with pytest.raises(PermissionsUnavailableError) as raised:
         permitted_documents(requests, [response])
     assert raised.value.reason == "REFUSED"
+
+
+def test_event_loops_that_ended_leave_no_channel_behind(spicedb: SpiceDBServer) -> None:
+    # asyncio.run per request (a sync app calling async code) must not keep a channel per loop.
+    acl = make_acl(spicedb)
+    for _ in range(4):
+        assert asyncio.run(acl.aallowed(RuntimeContext(user_id="bob"), chunks(["announce"]))) == {
+            "announce-chunk-0",
+            "announce-chunk-1",
+        }
+    assert len(acl._async) == 1
+    acl.close()

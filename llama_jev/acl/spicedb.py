@@ -277,6 +277,9 @@ class SpiceDBAcl:
         # A grpc.aio channel belongs to the event loop it was made in: one per loop.
         loop = asyncio.get_running_loop()
         with self._lock:
+            # A channel holds its loop, so the weak key never dies by itself: drop closed loops'.
+            for closed in [old for old in self._async if old.is_closed()]:
+                del self._async[closed]
             made = self._async.get(loop)
             if made is None:
                 credentials = self._channel_args()

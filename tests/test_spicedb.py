@@ -310,6 +310,27 @@ def test_a_caveat_satisfied_by_its_own_context_admits(spicedb: SpiceDBServer) ->
 
 
 @both
+@pytest.mark.parametrize(("level", "readable"), [(5, True), (3, True), (1, False)])
+def test_the_callers_caveat_context_decides_a_caveated_grant(
+    spicedb: SpiceDBServer, level: int, readable: bool, use_async: bool
+) -> None:
+    acl = make_acl(spicedb, caveat_context=lambda ctx: {"level": int(ctx.attributes["clearance"])})
+    ctx = RuntimeContext(user_id="alice", attributes={"clearance": str(level)})
+    found = allowed(acl, ctx, chunks(["classified"]), use_async=use_async)
+    assert found == ({"classified-chunk-0", "classified-chunk-1"} if readable else set())
+    listed = restriction(acl, ctx, use_async=use_async)
+    assert isinstance(listed, Ids)
+    assert ("classified" in listed.ids) is readable
+
+
+@pytest.mark.parametrize("context", [{"level": float("nan")}, {"level": object()}, {1: 2}, ["level"]])
+def test_a_caveat_context_spicedb_cannot_take_is_a_type_error(spicedb: SpiceDBServer, context: Any) -> None:
+    acl = make_acl(spicedb, caveat_context=lambda ctx: context)
+    with pytest.raises(TypeError, match="caveat_context"):
+        acl.allowed(RuntimeContext(user_id="alice"), chunks(["classified"]))
+
+
+@both
 def test_the_documents_are_checked_in_batches_of_batch_size(spicedb: SpiceDBServer, use_async: bool) -> None:
     before = len(spicedb.calls)
     nodes = chunks(DOCUMENTS, per_document=4)

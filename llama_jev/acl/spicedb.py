@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 try:
@@ -48,6 +48,7 @@ from llama_jev.acl.spicedb_wire import (
     ENGINE,
     LookupPages,
     bulk_requests,
+    caveat_context,
     check_names,
     consistency,
     is_object_id,
@@ -81,6 +82,9 @@ class SpiceDBAcl:
             subject set (rare).
         subject_id: the caller's SpiceDB id from the context (default ``ctx.user_id``). An id
             SpiceDB cannot name (``*``, ``@``, quotes, blanks) reads nothing, with one warning.
+        caveat_context: the values the caller brings to caveats (``lambda ctx: {"ip":
+            ctx.attributes["ip"]}``), sent with every read. A caveat still missing a value answers
+            "conditional", which is a denial.
         document_id_key: where a node's document id is (every chunk of a permitted document is
             kept): a metadata key, or ``"ref_doc_id"`` for the id of the LlamaIndex ``Document``
             the chunk came from (``node.ref_doc_id``, which every vector store writes under
@@ -116,6 +120,7 @@ class SpiceDBAcl:
         subject_type: str = "user",
         subject_relation: str | None = None,
         subject_id: Callable[[RuntimeContext], str] | None = None,
+        caveat_context: Callable[[RuntimeContext], Mapping[str, Any]] | None = None,
         document_id_key: str | None = None,
         max_ids: int = 1000,
         batch_size: int = 500,
@@ -148,6 +153,7 @@ class SpiceDBAcl:
         self.timeout = float(timeout)
         self.token_attribute = token_attribute
         self._subject_id = subject_id or (lambda ctx: ctx.user_id)
+        self._caveat_context = caveat_context
         self._metadata = (("authorization", f"Bearer {preshared_key}"),) if preshared_key else ()
         self._insecure = insecure
         self._root_certificates = root_certificates
@@ -181,6 +187,9 @@ class SpiceDBAcl:
             )
             return None
         return subject(self.subject_type, subject_id, self.subject_relation)
+
+    def _context(self, ctx: RuntimeContext) -> Any:
+        return None if self._caveat_context is None else caveat_context(self._caveat_context(ctx))
 
     def _token(self, ctx: RuntimeContext) -> str | None:
         return ctx.attributes.get(self.token_attribute) or None
@@ -224,6 +233,7 @@ class SpiceDBAcl:
             read_at=consistency(self._token(ctx)),
             max_ids=self.max_ids,
             key=self.document_id_key,
+            context=self._context(ctx),
         )
 
     def _check(self, ctx: RuntimeContext, nodes: Sequence[BaseNode]) -> tuple[dict[str, list[str]], list[Any]]:
@@ -238,6 +248,7 @@ class SpiceDBAcl:
             who=who,
             read_at=consistency(self._token(ctx)),
             batch_size=self.batch_size,
+            context=self._context(ctx),
         )
         return documents, requests
 

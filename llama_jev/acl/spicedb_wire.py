@@ -9,8 +9,9 @@ never read as such), and how CheckBulkPermissions' pairs become the permitted do
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -26,6 +27,7 @@ from authzed.api.v1 import (
     ZedToken,
 )
 from authzed.api.v1.permission_service_pb2 import CheckPermissionResponse, LookupPermissionship
+from google.protobuf.struct_pb2 import Struct
 
 from llama_jev.acl.conditions import Ids, Nothing, Restriction, Unknown
 from llama_jev.core.errors import PermissionsUnavailableError
@@ -83,6 +85,40 @@ def consistency(token: str | None) -> Consistency:
     return Consistency(fully_consistent=True)
 
 
+def caveat_context(values: Mapping[str, Any] | None) -> Struct | None:
+    """The caller's caveat context as SpiceDB takes it (JSON-like values), or None without one.
+
+    Raises:
+        TypeError: not a mapping of str to JSON values (str, finite number, bool, None, lists
+            and mappings of them); the message names the key, never the value.
+    """
+    if values is None:
+        return None
+    if not isinstance(values, Mapping):
+        raise TypeError(f"caveat_context must return a mapping of caveat parameters, got {type(values).__name__}")
+    for key, value in values.items():
+        if not isinstance(key, str) or not _json_value(value):
+            raise TypeError(
+                f"caveat_context: the value for {key!r} is not a JSON value "
+                "(str, finite number, bool, None, or lists and mappings of them)"
+            )
+    context = Struct()
+    context.update(dict(values))
+    return context
+
+
+def _json_value(value: object) -> bool:
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_json_value(item) for item in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(key, str) and _json_value(item) for key, item in value.items())
+    return False
+
+
 def subject(subject_type: str, subject_id: str, relation: str | None) -> SubjectReference:
     return SubjectReference(
         object=ObjectReference(object_type=subject_type, object_id=subject_id), optional_relation=relation or ""
@@ -124,13 +160,14 @@ class LookupPages:
     """
 
     def __init__(self, *, resource_type: str, permission: str, who: SubjectReference, read_at: Consistency,
-                 max_ids: int, key: str | None) -> None:  # fmt: skip
+                 max_ids: int, key: str | None, context: Struct | None = None) -> None:  # fmt: skip
         self._question = LookupResourcesRequest(
             consistency=read_at,
             resource_object_type=resource_type,
             permission=permission,
             subject=who,
             optional_limit=min(max_ids + 1, LOOKUP_PAGE_LIMIT),
+            context=context,
         )
         self._max_ids = max_ids
         self._key = key
@@ -180,7 +217,8 @@ class LookupPages:
 
 
 def bulk_requests(documents: Sequence[str], *, resource_type: str, permission: str, who: SubjectReference,
-                  read_at: Consistency, batch_size: int) -> list[CheckBulkPermissionsRequest]:  # fmt: skip
+                  read_at: Consistency, batch_size: int,
+                  context: Struct | None = None) -> list[CheckBulkPermissionsRequest]:  # fmt: skip
     """One CheckBulkPermissions request per ``batch_size`` documents, each asking one (document, subject) pair."""
     return [
         CheckBulkPermissionsRequest(
@@ -190,6 +228,7 @@ def bulk_requests(documents: Sequence[str], *, resource_type: str, permission: s
                     resource=ObjectReference(object_type=resource_type, object_id=document),
                     permission=permission,
                     subject=who,
+                    context=context,
                 )
                 for document in documents[start : start + batch_size]
             ],

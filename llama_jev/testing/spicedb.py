@@ -113,7 +113,7 @@ def relationship(text: str) -> Any:
         ValueError: ``text`` is not in that form.
     """
     from authzed.api.v1 import ContextualizedCaveat, ObjectReference, Relationship, SubjectReference
-    from google.protobuf.struct_pb2 import Struct  # type: ignore[import-untyped]
+    from google.protobuf.struct_pb2 import Struct
 
     match = _RELATIONSHIP.match(text)
     if match is None:

@@ -246,7 +246,9 @@ def test_the_async_path_returns_the_same(
 ) -> None:
     name, index = store
     if name == "postgres":
-        pytest.skip("the async store path of PostgreSQL is tested in tests/test_store_postgres*.py")
+        # PGVectorStore's async engine stays bound to the first event loop that used it, and each
+        # test here runs its own: the async PostgreSQL path is tested in tests/test_store_postgres*.py.
+        pytest.skip("PGVectorStore's async engine is bound to one event loop")
     acl = acl_for(spicedb, max_ids=max_ids)
     retriever = JevRetriever.from_index(index, off_selector(), acl, top_k=10)
     synced: dict[str, list[str]] = {}

@@ -39,12 +39,13 @@ from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 from llama_jev import CandidateSelector, ExecutionOptions, JevRetriever, Mode, RuntimeContext, ScriptedJudge
 from llama_jev import runtime_context as bound
 from llama_jev.acl import SpiceDBAcl
+from llama_jev.errors import PermissionsUnavailableError
 from llama_jev.testing.postgres import PostgresServer
 from llama_jev.testing.spicedb import SpiceDBServer
 
 from .store_data import embedding
 from .support import HashEmbedding
-from .test_spicedb import SCHEMA, running_spicedb
+from .test_spicedb import SCHEMA, closed_port, running_spicedb
 
 DOCUMENTS = [f"doc-{n:03d}" for n in range(80)]
 CHUNKS = 3
@@ -293,3 +294,23 @@ def test_the_record_names_the_engine_and_the_restriction_never_an_id(
     with bound(RuntimeContext(user_id="$ne")):
         assert JevRetriever.from_index(index, selector, acl_for(spicedb), top_k=5).retrieve(QUERY) == []
     assert records[-1].restriction == "nothing"
+
+
+@pytest.mark.parametrize("mode", [Mode.OFF, Mode.SHADOW, Mode.ENFORCE])
+@pytest.mark.parametrize("fault", ["slow", "down"])
+def test_spicedb_slow_or_down_fails_the_retrieval_in_every_mode(spicedb: SpiceDBServer, mode: Mode, fault: str) -> None:
+    index = VectorStoreIndex(NODES, embed_model=HashEmbedding(dimensions=8))
+    selector = CandidateSelector(ScriptedJudge(lambda *_: 0.9), ExecutionOptions(mode=mode))
+    if fault == "down":
+        acl = SpiceDBAcl(closed_port(), insecure=True, document_id_key="ref_doc_id", timeout=2)
+    else:
+        acl = acl_for(spicedb, timeout=0.1)
+    retriever = JevRetriever.from_index(index, selector, acl, top_k=5)
+    spicedb.delay = 0.5 if fault == "slow" else 0.0
+    try:
+        with bound(RuntimeContext(user_id=USERS[0])), pytest.raises(PermissionsUnavailableError) as raised:
+            retriever.retrieve(QUERY)
+    finally:
+        spicedb.delay = 0.0
+        acl.close()
+    assert raised.value.reason == ("TIMEOUT" if fault == "slow" else "UNREACHABLE")

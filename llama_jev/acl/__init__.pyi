@@ -81,3 +81,6 @@ from llama_jev.acl.rules import (
 from llama_jev.acl.rules import (
     check_acl as check_acl,
 )
+from llama_jev.acl.spicedb import (
+    SpiceDBAcl as SpiceDBAcl,
+)

@@ -1,5 +1,5 @@
 """Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
-``HashEmbedding``, a throwaway PostgreSQL + pgvector and a throwaway Chroma server."""
+``HashEmbedding``, a throwaway PostgreSQL + pgvector, a throwaway Chroma server and SpiceDB."""
 
 from llama_jev.testing.chroma import (
     ChromaServer as ChromaServer,
@@ -22,4 +22,10 @@ from llama_jev.testing.server import (
 )
 from llama_jev.testing.server import (
     SystemOneTestServer as SystemOneTestServer,
+)
+from llama_jev.testing.spicedb import (
+    SpiceDBServer as SpiceDBServer,
+)
+from llama_jev.testing.spicedb import (
+    spicedb_server as spicedb_server,
 )

@@ -1,0 +1,226 @@
+"""The thin I/O edge of ``CerbosAcl``: the official ``cerbos`` SDK over HTTP or gRPC, sync and async.
+
+Each transport takes and gives the PDP's JSON shapes (:mod:`llama_jev.acl.cerbos_wire`), so what
+is asked and how the answer is read is written once. Every failure becomes a
+:class:`~llama_jev.errors.PermissionsUnavailableError` here (``UNREACHABLE``, ``TIMEOUT``,
+``REFUSED``, ``INVALID_RESPONSE``), with no identity value, id or PDP message in it (a PDP's
+message may quote the request).
+
+``url`` picks the transport: ``http://host:port`` / ``https://...`` is the PDP's HTTP API (the
+SDK's httpx client), ``host:port`` (or ``grpc://host:port``) its gRPC API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from llama_jev.core.errors import PermissionsUnavailableError
+
+__all__ = ["AsyncTransport", "Transport", "async_transport", "failures", "is_http", "transport"]
+
+Json = dict[str, Any]
+ENGINE = "cerbos"
+
+
+def is_http(url: str) -> bool:
+    """Whether ``url`` names the PDP's HTTP API (a scheme of http or https) rather than its gRPC one."""
+    return url.startswith(("http://", "https://"))
+
+
+def _grpc_target(url: str) -> str:
+    return url.removeprefix("grpc://")
+
+
+def _error(message: str, reason: str, *, retryable: bool = False) -> PermissionsUnavailableError:
+    return PermissionsUnavailableError(f"Cerbos PDP: {message}", engine=ENGINE, reason=reason, retryable=retryable)
+
+
+def _status(code: int) -> PermissionsUnavailableError:
+    if code >= 500:
+        return _error(f"HTTP {code} from the PDP; try again", "UNREACHABLE", retryable=True)
+    return _error(f"HTTP {code}: the PDP refused the request (check the policy, limits and schemas)", "REFUSED")
+
+
+@contextlib.contextmanager
+def failures(what: str) -> Iterator[None]:
+    """Turn whatever a call to the PDP raises into a ``PermissionsUnavailableError`` (fail closed)."""
+    try:
+        yield
+    except PermissionsUnavailableError:
+        raise
+    except Exception as error:
+        raise _classify(error, what) from error
+
+
+def _classify(error: Exception, what: str) -> PermissionsUnavailableError:
+    import httpx  # the SDK's HTTP client; installed with the cerbos extra
+
+    if isinstance(error, httpx.TimeoutException):
+        return _error(f"no answer to {what} in time", "TIMEOUT", retryable=True)
+    if isinstance(error, httpx.TransportError):
+        return _error(f"cannot reach the PDP for {what} ({type(error).__name__})", "UNREACHABLE", retryable=True)
+    # A grpc.RpcError (sync or aio) carries its status as .code(); read by name, so this module
+    # needs no grpc import (and no grpc stubs for the type checker).
+    code = getattr(error, "code", None)
+    name = getattr(code(), "name", None) if type(error).__module__.startswith("grpc") and callable(code) else None
+    if name == "DEADLINE_EXCEEDED":
+        return _error(f"no answer to {what} in time", "TIMEOUT", retryable=True)
+    if name in ("UNAVAILABLE", "CANCELLED"):
+        return _error(f"cannot reach the PDP for {what} (gRPC {name})", "UNREACHABLE", retryable=True)
+    if name is not None:
+        return _error(f"gRPC {name}: the PDP refused {what} (check the policy, limits and schemas)", "REFUSED")
+    return _error(f"the answer to {what} cannot be read ({type(error).__name__})", "INVALID_RESPONSE")
+
+
+def _plain(model: Any) -> Json:
+    """An SDK dataclass (HTTP) as the PDP's JSON shape: enums to their names, no SDK types left."""
+    if getattr(model, "failed", None) is not None and model.failed():
+        raise _status(int(model.status_code))
+    plain: Json = json.loads(json.dumps(model.to_dict(encode_json=True)))
+    return plain
+
+
+def _message(message: Any) -> Json:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(message)
+
+
+def _http_models(principal: Json, resources: list[Json] | None, kind: str, action: str) -> tuple[Any, Any]:
+    from cerbos.sdk.model import Principal, Resource, ResourceDesc, ResourceList
+
+    who = Principal(id=principal["id"], roles=set(principal["roles"]), attr=principal["attr"])
+    if resources is None:
+        return who, ResourceDesc(kind=kind)
+    listed = ResourceList()
+    for resource in resources:
+        listed.add(Resource(id=resource["id"], kind=kind, attr=resource["attr"]), {action})
+    return who, listed
+
+
+def _grpc_messages(principal: Json, resources: list[Json] | None, kind: str, action: str) -> tuple[Any, Any]:
+    from cerbos.engine.v1 import engine_pb2
+    from cerbos.request.v1 import request_pb2
+    from google.protobuf.json_format import ParseDict
+
+    who = ParseDict(principal, engine_pb2.Principal())
+    if resources is None:
+        return who, engine_pb2.PlanResourcesInput.Resource(kind=kind)
+    entries = [
+        ParseDict({"actions": [action], "resource": resource}, request_pb2.CheckResourcesRequest.ResourceEntry())
+        for resource in resources
+    ]
+    return who, entries
+
+
+class Transport(Protocol):
+    """One PDP connection, sync: PlanResources and CheckResources in the PDP's JSON shapes."""
+
+    def plan(self, principal: Json, kind: str, action: str) -> Json: ...
+    def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json: ...
+    def close(self) -> None: ...
+
+
+class AsyncTransport(Protocol):
+    """The async :class:`Transport`."""
+
+    async def plan(self, principal: Json, kind: str, action: str) -> Json: ...
+    async def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json: ...
+    async def close(self) -> None: ...
+
+
+class _Http:
+    def __init__(self, url: str, timeout: float) -> None:
+        from cerbos.sdk.client import CerbosClient
+
+        # The SDK's clients are only partly typed: held as Any at this edge.
+        self.client: Any = CerbosClient(url, timeout_secs=timeout)
+
+    def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            who, what = _http_models(principal, None, kind, action)
+            return _plain(self.client.plan_resources(action, who, what))
+
+    def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            who, what = _http_models(principal, resources, kind, action)
+            return _plain(self.client.check_resources(who, what))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _Grpc:
+    def __init__(self, url: str, timeout: float) -> None:
+        from cerbos.sdk.grpc.client import CerbosClient
+
+        # The SDK's clients are only partly typed: held as Any at this edge.
+        self.client: Any = CerbosClient(_grpc_target(url), timeout_secs=timeout)
+
+    def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            who, what = _grpc_messages(principal, None, kind, action)
+            return _message(self.client.plan_resources(action, who, what))
+
+    def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            who, what = _grpc_messages(principal, resources, kind, action)
+            return _message(self.client.check_resources(who, what))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _AsyncHttp:
+    def __init__(self, url: str, timeout: float) -> None:
+        from cerbos.sdk.client import AsyncCerbosClient
+
+        # The SDK's clients are only partly typed: held as Any at this edge.
+        self.client: Any = AsyncCerbosClient(url, timeout_secs=timeout)
+
+    async def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            who, what = _http_models(principal, None, kind, action)
+            return _plain(await self.client.plan_resources(action, who, what))
+
+    async def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            who, what = _http_models(principal, resources, kind, action)
+            return _plain(await self.client.check_resources(who, what))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class _AsyncGrpc:
+    def __init__(self, url: str, timeout: float) -> None:
+        from cerbos.sdk.grpc.client import AsyncCerbosClient
+
+        # The SDK's clients are only partly typed: held as Any at this edge.
+        self.client: Any = AsyncCerbosClient(_grpc_target(url), timeout_secs=timeout)
+
+    async def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            who, what = _grpc_messages(principal, None, kind, action)
+            return _message(await self.client.plan_resources(action, who, what))
+
+    async def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            who, what = _grpc_messages(principal, resources, kind, action)
+            return _message(await self.client.check_resources(who, what))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def transport(url: str, timeout: float) -> Transport:
+    """A sync connection to the PDP at ``url`` (HTTP or gRPC, see the module docstring)."""
+    return _Http(url, timeout) if is_http(url) else _Grpc(url, timeout)
+
+
+def async_transport(url: str, timeout: float) -> AsyncTransport:
+    """An async connection to the PDP at ``url``; bound to the running event loop, so made per call."""
+    return _AsyncHttp(url, timeout) if is_http(url) else _AsyncGrpc(url, timeout)

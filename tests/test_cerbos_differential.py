@@ -191,6 +191,8 @@ def _selector(mode: Mode) -> CandidateSelector:
 Retrieve = Callable[[JevRetriever, RuntimeContext], Any]
 
 
+# One event loop for the module: the PostgreSQL store's async engine belongs to the loop it first ran on.
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 @pytest.mark.parametrize("mode", [Mode.OFF, Mode.ENFORCE])
 async def test_no_node_the_oracle_denies_and_min_k_permitted_on_every_store(

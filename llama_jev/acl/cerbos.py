@@ -14,7 +14,8 @@ metadata as stored; node text is never sent). Two calls:
 
 It fails closed: a PDP that is down, slower than ``timeout``, or answers something unreadable
 raises :class:`~llama_jev.errors.PermissionsUnavailableError` and no node is returned; nothing
-is cached. Needs the ``cerbos`` extra (``pip install "llama-jev[cerbos]"``).
+is cached. The HTTP API needs nothing beyond llama_jev (httpx); the gRPC API, faster for many
+nodes, needs the ``cerbos`` extra (``pip install "llama-jev[cerbos]"``, the official SDK).
 
 Example::
 
@@ -36,7 +37,7 @@ from typing import Any
 
 from llama_index.core.schema import BaseNode
 
-from llama_jev.acl.cerbos_client import ENGINE, Transport, async_transport, failures, transport
+from llama_jev.acl.cerbos_client import ENGINE, Transport, async_transport, failures, is_http, transport
 from llama_jev.acl.cerbos_plan import InvalidPlanError, restriction_from_plan
 from llama_jev.acl.cerbos_wire import InvalidAnswerError, allowed_ids, batches, principal_of, resources_of
 from llama_jev.acl.conditions import Restriction
@@ -58,7 +59,7 @@ class CerbosAcl:
 
     Args:
         url: the PDP's HTTP address (``"http://127.0.0.1:3592"``) or its gRPC ``host:port``
-            (``"127.0.0.1:3593"``, plaintext).
+            (``"127.0.0.1:3593"``, plaintext; needs the ``cerbos`` extra).
         resource_kind: the Cerbos resource kind of a node (the policy's ``resource``).
         action: the action a retrieval needs (``"view"``).
         default_roles: the roles of a caller whose context has none (Cerbos needs at least one).
@@ -71,7 +72,7 @@ class CerbosAcl:
         timeout: seconds one request to the PDP may take before the call fails with ``TIMEOUT``.
 
     Raises:
-        ImportError: the ``cerbos`` extra is not installed.
+        ImportError: a gRPC ``url`` without the ``cerbos`` extra installed.
         ValueError: an option is out of range (the message says which).
 
     Example::
@@ -95,12 +96,16 @@ class CerbosAcl:
         max_concurrency: int = 4,
         timeout: float = 2.0,
     ) -> None:
-        try:
-            import cerbos.sdk  # noqa: F401  (checked here, so a missing extra says so at construction)
-        except ImportError as error:
-            raise ImportError('CerbosAcl needs the official Cerbos SDK: pip install "llama-jev[cerbos]"') from error
         if not isinstance(url, str) or not url.strip():
             raise ValueError("url must be the PDP's HTTP address (http://host:3592) or its gRPC host:port")
+        if not is_http(url):
+            try:
+                import cerbos.svc.v1.svc_pb2_grpc  # noqa: F401  (checked here: a missing extra says so now)
+            except ImportError as error:
+                raise ImportError(
+                    'CerbosAcl over gRPC needs the official Cerbos SDK: pip install "llama-jev[cerbos]" '
+                    "(or give the PDP's HTTP address, http://host:3592, which needs nothing more)"
+                ) from error
         for name, value in (("resource_kind", resource_kind), ("action", action)):
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{name} must be a non-blank string")

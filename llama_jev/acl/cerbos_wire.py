@@ -41,20 +41,17 @@ def principal_of(ctx: RuntimeContext, *, default_roles: Sequence[str]) -> Json:
     return {"id": ctx.user_id, "roles": sorted(ctx.roles or default_roles), "attr": attributes}
 
 
-def _attributes(metadata: Mapping[str, Any], attribute_keys: Mapping[str, str]) -> Json | None:
-    """A node's metadata as resource attributes (renamed keys mapped), or ``None`` when it is not JSON."""
+def _attributes(metadata: Mapping[str, Any], attribute_keys: Mapping[str, str]) -> Json:
+    """A node's metadata as resource attributes, renamed keys mapped."""
+    if not attribute_keys:
+        return dict(metadata)
     renamed = set(attribute_keys.values())
     attributes = {key: value for key, value in metadata.items() if key not in renamed}
     for name, key in attribute_keys.items():
         attributes.pop(name, None)
         if key in metadata:
             attributes[name] = metadata[key]
-    try:
-        # A value JSON cannot carry (a set, bytes, a datetime) would be sent as something else.
-        decoded: Json = json.loads(json.dumps(attributes, allow_nan=False))
-    except (TypeError, ValueError):
-        return None
-    return decoded
+    return attributes
 
 
 def resources_of(
@@ -74,17 +71,22 @@ def resources_of(
     decides: list[list[str]] = []
     seen: dict[str, int] = {}
     for node in nodes:
-        attributes = _attributes(node.metadata, attribute_keys)
         resource_id = node.node_id if document_id_key is None else node.metadata.get(document_id_key)
-        if attributes is None or not isinstance(resource_id, str) or not resource_id:
+        if not isinstance(resource_id, str) or not resource_id:
             continue
-        resource = {"kind": kind, "id": resource_id, "attr": attributes}
-        signature = json.dumps(resource, sort_keys=True)
+        try:
+            # A value JSON cannot carry (a set, bytes, a datetime) would reach the PDP as something else.
+            signature = json.dumps(
+                [resource_id, _attributes(node.metadata, attribute_keys)], sort_keys=True, allow_nan=False
+            )
+        except (TypeError, ValueError):
+            continue
         if signature in seen:
             decides[seen[signature]].append(node.node_id)
             continue
         seen[signature] = len(resources)
-        resources.append(resource)
+        _, attributes = json.loads(signature)  # as JSON reads it: a tuple is a list, as the PDP will see it
+        resources.append({"kind": kind, "id": resource_id, "attr": attributes})
         decides.append([node.node_id])
     return resources, decides
 

@@ -28,8 +28,9 @@ from llama_index.core.schema import TextNode
 
 from llama_jev import CandidateSelector, ExecutionOptions, JevRetriever, Mode, RuntimeContext, ScriptedJudge
 from llama_jev.core.context import runtime_context
+from llama_jev.errors import PermissionsUnavailableError
 
-from .cerbos_support import POLICIES, require_cerbos
+from .cerbos_support import POLICIES, require_cerbos, running_pdp
 from .support import HashEmbedding
 
 pytestmark = pytest.mark.slow
@@ -204,7 +205,8 @@ async def test_no_node_the_oracle_denies_and_min_k_permitted_on_every_store(
     ranking = [hit.node.node_id for hit in index.as_retriever(similarity_top_k=len(NODES)).retrieve(QUERY)]
     assert sorted(ranking) == sorted(item.node_id for item in NODES)
     shortfalls, leaks, wrong = [], [], []
-    with CerbosAcl(pdp.grpc_address, timeout=30.0) as acl:
+    # Both transports: gRPC on the sync path, HTTP on the async one.
+    with CerbosAcl(pdp.grpc_address if sync else pdp.url, timeout=30.0) as acl:
         retriever = JevRetriever.from_index(index, _selector(mode), acl, candidate_limit=10, top_k=K)
         for who, ctx in enumerate(PRINCIPALS):
             with runtime_context(ctx):
@@ -238,3 +240,20 @@ def test_the_corpus_exercises_every_path(oracle: dict[tuple[int, str], bool]) ->
         if any(len({oracle[who, c.node_id] for c in chunks}) == 2 for who in range(len(PRINCIPALS)))
     ]
     assert len(split) >= 3, "documents whose chunks the PDP decides differently (a malformed sibling)"
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize("mode", [Mode.OFF, Mode.SHADOW, Mode.ENFORCE])
+async def test_a_pdp_gone_mid_session_fails_the_retrieval_in_every_mode(mode: Mode, sync: bool) -> None:
+    from llama_jev.acl import CerbosAcl
+
+    index = VectorStoreIndex([node.model_copy() for node in NODES], embed_model=HashEmbedding(dimensions=DIMENSIONS))
+    ctx = RuntimeContext(user_id="u1", tenant_id="acme")
+    with running_pdp() as own, CerbosAcl(own.url if sync else own.grpc_address, timeout=30.0) as acl:
+        retriever = JevRetriever.from_index(index, _selector(mode), acl, top_k=K)
+        with runtime_context(ctx):
+            assert (retriever.retrieve(QUERY) if sync else await retriever.aretrieve(QUERY)) != []
+            own.stop()
+            with pytest.raises(PermissionsUnavailableError) as raised:
+                retriever.retrieve(QUERY) if sync else await retriever.aretrieve(QUERY)
+    assert (raised.value.engine, raised.value.reason) == ("cerbos", "UNREACHABLE")

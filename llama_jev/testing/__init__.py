@@ -1,7 +1,8 @@
 """Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
 ``HashEmbedding``, a deterministic offline embedding for tests and demos, ``embedded_postgres()``,
-a throwaway PostgreSQL + pgvector, and ``chroma_server()``, a throwaway Chroma server (``chroma run``
-from the ``chromadb`` wheel).
+a throwaway PostgreSQL + pgvector, ``chroma_server()``, a throwaway Chroma server (``chroma run``
+from the ``chromadb`` wheel), and ``cerbos_server()``, a throwaway Cerbos PDP (the npm registry's
+binary, fetched once with ``npm pack``).
 
 Names are listed once, in ``__init__.pyi``, and load on first use.
 """

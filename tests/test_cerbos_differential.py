@@ -257,3 +257,30 @@ async def test_a_pdp_gone_mid_session_fails_the_retrieval_in_every_mode(mode: Mo
             with pytest.raises(PermissionsUnavailableError) as raised:
                 retriever.retrieve(QUERY) if sync else await retriever.aretrieve(QUERY)
     assert (raised.value.engine, raised.value.reason) == ("cerbos", "UNREACHABLE")
+
+
+async def test_records_name_the_engine_and_the_restriction_kind_never_the_caller() -> None:
+    from llama_jev import DecisionRecord
+    from llama_jev.acl import CerbosAcl
+
+    records: list[DecisionRecord] = []
+    selector = CandidateSelector(
+        ScriptedJudge(lambda *args: 0.9),
+        ExecutionOptions(mode=Mode.ENFORCE, observer=lambda ctx, record: records.append(record)),
+    )
+    index = VectorStoreIndex([node.model_copy() for node in NODES], embed_model=HashEmbedding(dimensions=DIMENSIONS))
+    callers = {
+        "condition": RuntimeContext(user_id="user-7f3a", tenant_id="acme", roles={"support"}),
+        "none": RuntimeContext(user_id="user-7f3a", tenant_id="acme", roles={"auditor"}),
+        "everything": RuntimeContext(user_id="user-7f3a", roles={"platform-admin"}),
+    }
+    with running_pdp() as own, CerbosAcl(own.url, timeout=30.0) as acl:
+        retriever = JevRetriever.from_index(index, selector, acl, top_k=K)
+        for kind, ctx in callers.items():
+            records.clear()
+            with runtime_context(ctx):
+                assert len(await retriever.aretrieve(QUERY)) == K
+            (record,) = records
+            assert (record.engine, record.restriction) == ("cerbos", kind)
+            assert "user-7f3a" not in record.model_dump_json()
+            assert "acme" not in record.model_dump_json()

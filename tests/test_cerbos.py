@@ -92,12 +92,19 @@ def test_a_tenant_member_gets_a_condition_over_tenant_users_roles_public_and_own
     assert not evaluate(restriction.condition, "n", {"tenant": "globex", "public": True})
 
 
-def test_an_operator_no_store_states_is_unknown_naming_it(acl: CerbosAcl) -> None:
-    restriction = acl.restriction(RuntimeContext(user_id="u1", tenant_id="acme", roles={"auditor"}))
-    assert isinstance(restriction, Unknown)
+def test_an_operator_no_store_states_is_unknown_naming_it_in_one_warning(
+    acl: CerbosAcl, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="llama_jev"):
+        for user in ("u1", "u2", "u3"):
+            restriction = acl.restriction(RuntimeContext(user_id=user, tenant_id="acme", roles={"auditor"}))
+            assert isinstance(restriction, Unknown)
     assert "'le'" in restriction.reason
-    assert "u1" not in restriction.reason
-    assert "acme" not in restriction.reason
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert "'le'" in warning
+    for text in (restriction.reason, warning):
+        assert "u3" not in text
+        assert "acme" not in text
 
 
 async def test_arestriction_answers_as_restriction(acl: CerbosAcl) -> None:

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,13 +41,14 @@ from llama_index.core.schema import BaseNode
 from llama_jev.acl.cerbos_client import ENGINE, Transport, async_transport, failures, is_http, transport
 from llama_jev.acl.cerbos_plan import InvalidPlanError, restriction_from_plan
 from llama_jev.acl.cerbos_wire import InvalidAnswerError, allowed_ids, batches, principal_of, resources_of
-from llama_jev.acl.conditions import Restriction
+from llama_jev.acl.conditions import Restriction, Unknown
 from llama_jev.core.errors import PermissionsUnavailableError
 from llama_jev.core.identity import RuntimeContext
 
 __all__ = ["CerbosAcl"]
 
 Json = dict[str, Any]
+logger = logging.getLogger("llama_jev")
 
 
 def _unreadable(error: Exception) -> PermissionsUnavailableError:
@@ -129,6 +131,7 @@ class CerbosAcl:
         self.timeout = float(timeout)
         self._transport: Transport | None = None
         self._lock = threading.Lock()
+        self._warned: set[str] = set()
 
     def __repr__(self) -> str:
         return f"CerbosAcl({self.url!r}, resource_kind={self.resource_kind!r}, action={self.action!r})"
@@ -143,9 +146,17 @@ class CerbosAcl:
 
     def _restriction(self, plan: Json) -> Restriction:
         try:
-            return restriction_from_plan(plan, self._metadata_key, self.document_id_key)
+            restriction = restriction_from_plan(plan, self._metadata_key, self.document_id_key)
         except InvalidPlanError as error:
             raise _unreadable(error) from error
+        if isinstance(restriction, Unknown) and restriction.reason not in self._warned:
+            # Once per ACL and operator: the policy, not the caller, decides which operators a plan holds.
+            self._warned.add(restriction.reason)
+            logger.warning(
+                "CerbosAcl: %s; no pushdown for callers whose plan holds it (CheckResources decides every node)",
+                restriction.reason,
+            )
+        return restriction
 
     def _resources(self, nodes: Sequence[BaseNode]) -> tuple[list[Json], list[list[str]]]:
         return resources_of(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -120,19 +121,23 @@ def oracle(pdp: Any) -> dict[tuple[int, str], bool]:
     for item in NODES:
         documents.setdefault(item.metadata["doc"], []).append(item)
     verdicts: dict[tuple[int, str], bool] = {}
-    with CerbosClient(pdp.url, timeout_secs=30) as client:
-        for index, ctx in enumerate(PRINCIPALS):
-            attributes = {**ctx.attributes, **({"tenant": ctx.tenant_id} if ctx.tenant_id else {})}
-            principal = Principal(ctx.user_id, roles=set(ctx.roles or {"user"}), attr=attributes)
-            for chunks in documents.values():
-                asked = ResourceList()
-                for item in chunks:
-                    asked.add(Resource(item.node_id, "document", attr=dict(item.metadata)), {"view"})
-                answer = client.check_resources(principal, asked).raise_if_failed()
-                for item in chunks:
-                    result = answer.get_resource(item.node_id)
-                    assert result is not None
-                    verdicts[index, item.node_id] = result.is_allowed("view")
+
+    def ask(index: int, ctx: RuntimeContext, client: Any) -> None:
+        attributes = {**ctx.attributes, **({"tenant": ctx.tenant_id} if ctx.tenant_id else {})}
+        principal = Principal(ctx.user_id, roles=set(ctx.roles or {"user"}), attr=attributes)
+        for chunks in documents.values():
+            asked = ResourceList()
+            for item in chunks:
+                asked.add(Resource(item.node_id, "document", attr=dict(item.metadata)), {"view"})
+            answer = client.check_resources(principal, asked).raise_if_failed()
+            for item in chunks:
+                result = answer.get_resource(item.node_id)
+                assert result is not None
+                verdicts[index, item.node_id] = result.is_allowed("view")
+
+    with CerbosClient(pdp.url, timeout_secs=30) as client, ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda pair: ask(pair[0], pair[1], client), enumerate(PRINCIPALS)))
+    assert len(verdicts) == len(PRINCIPALS) * len(NODES)
     return verdicts
 
 

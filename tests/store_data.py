@@ -105,3 +105,31 @@ def callers(count: int, *, seed: int = 11) -> list[RuntimeContext]:
 
 def embedding(rng: random.Random, dimensions: int = 8) -> list[float]:
     return [rng.uniform(0.01, 1.0) for _ in range(dimensions)]
+
+
+# --- conditions: every operator of the condition language, over fields beside the ACL's -----------
+
+# The values a condition compares with, hostile: SQL, filter operators, LIKE wildcards, quotes, Unicode.
+LABELS = ["acme' OR 1=1 --", "$ne", "%", "_", "a%b", "a_b", "o'brien", '"quoted"', "Zürich ✓ 東京", "plain", "1"]
+# Scalars of every type, look-alikes across types: 1, 1.0 and True are three different things to a
+# condition except that 1 equals 1.0 (evaluate compares numbers by value, never a bool with a number).
+LEVELS: list[Any] = [1, 2, 1.0, 1.5, True, False, "1", "acme' OR 1=1 --", 0, -3]
+DOCUMENTS = 40
+
+
+def condition_metadata(rng: random.Random, index: int) -> dict[str, Any]:
+    """The fields conditions test, for node ``index``: a document id shared by its chunks, a level, labels."""
+    values: dict[str, Any] = {"doc": f"doc-{index % DOCUMENTS}"}
+    if rng.random() < 0.85:
+        values["level"] = rng.choice(LEVELS)
+    draw = rng.random()
+    if draw < 0.5:
+        values["label"] = rng.choice(LABELS)
+    elif draw < 0.8:
+        values["label"] = rng.sample(LABELS, rng.randint(1, 3))  # a list of strings
+    # Keys a store might read as more than a name: a path (Qdrant reads a.b as b inside a), a quote.
+    if rng.random() < 0.6:
+        values["org.unit"] = rng.choice(["x", "y", "acme' OR 1=1 --"])
+    if rng.random() < 0.6:
+        values['say "hi"'] = rng.choice(["x", "y"])
+    return values

@@ -481,7 +481,8 @@ def test_prefilter_fills_the_candidate_limit_when_most_of_the_collection_is_anot
             f"with prefilter judged {counts[True]}"
         )
     assert counts[True] == 10
-    assert counts[False] < 10
+    # Without pushdown the store is asked again, with a wider window, until 10 readable are found.
+    assert counts[False] == 10
 
 
 def names_of(nodes: Sequence[NodeWithScore]) -> list[str]:

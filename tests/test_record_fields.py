@@ -117,3 +117,64 @@ def test_normalize_query_folds_case_width_and_whitespace() -> None:
 def test_blank_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="query_key_secret"):
         ExecutionOptions(mode=Mode.SHADOW, query_key_secret="")
+
+
+# --- engine, restriction and widening (issue 33 / 34) -----------------------------------------
+
+
+@pytest.mark.parametrize("mode", [Mode.SHADOW, Mode.ENFORCE])
+def test_record_names_the_engine_the_restriction_kind_and_the_widening(mode: Mode) -> None:
+    records: list[DecisionRecord] = []
+    retriever = _retriever(mode, records)
+    with runtime_context(ALICE):
+        retriever.retrieve(QUERY)
+    (record,) = records
+    assert (record.engine, record.restriction, record.pushdown) == ("metadata", "none", False)
+    assert record.wanted == 50  # top_k 50; ENFORCE: max(candidate_limit 20, top_k 50)
+    assert record.found == record.candidates
+    assert record.rounds == 1  # the small store answered fewer than asked: exhausted at once
+
+
+def test_records_without_the_new_fields_still_load_and_new_ones_round_trip(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from llama_jev.calibration import load_records
+
+    old = {
+        "decision_id": "d" * 32,
+        "purpose": "retrieval_relevance",
+        "version": "v1",
+        "mode": "shadow",
+        "status": "decided",
+        "reason": "CLASSIFIED",
+        "elapsed_ms": 1.0,
+        "candidates": 1,
+        "requests": 1,
+        "scores": {"a": 0.9},
+    }
+    before = DecisionRecord.model_validate(old)
+    assert (before.engine, before.restriction, before.wanted, before.found, before.rounds) == (None,) * 5
+    new = before.model_copy(
+        update={"decision_id": "e" * 32, "engine": "cerbos", "restriction": "ids", "wanted": 5, "found": 4, "rounds": 3}
+    )
+    again = DecisionRecord.model_validate_json(new.to_json())
+    assert again == new
+    assert json.loads(new.to_json())["restriction"] == "ids"
+    log = Path(str(tmp_path)) / "records.jsonl"
+    log.write_text(json.dumps(old) + "\n" + new.to_json() + "\n", encoding="utf-8")
+    assert [decision.scores for decision in load_records(log)] == [{"a": 0.9}, {"a": 0.9}]
+
+
+def test_a_restriction_kind_outside_the_five_is_refused() -> None:
+    with pytest.raises(ValueError, match="restriction"):
+        DecisionRecord(
+            purpose="p",
+            version="v",
+            mode=Mode.SHADOW,
+            status="decided",  # type: ignore[arg-type]
+            reason="CLASSIFIED",  # type: ignore[arg-type]
+            elapsed_ms=1.0,
+            candidates=0,
+            requests=0,
+            restriction="n001,n002",  # type: ignore[arg-type]  # ids never go into a record
+        )

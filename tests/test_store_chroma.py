@@ -42,8 +42,31 @@ from llama_jev import (
     RuntimeContext,
     ScriptedJudge,
 )
+from llama_jev.acl import (
+    And,
+    Condition,
+    Conditional,
+    Equals,
+    IdIn,
+    Ids,
+    In,
+    Intersects,
+    ListContains,
+    Not,
+    Or,
+    Restriction,
+    evaluate,
+)
+from llama_jev.acl.conditions import operators
 from llama_jev.stores import adapter_for, aretrieve
-from llama_jev.stores.chroma import ChromaPushdown, UntranslatableFilterError, chroma_where, filters_where
+from llama_jev.stores.base import CannotState
+from llama_jev.stores.chroma import (
+    ChromaPushdown,
+    UntranslatableFilterError,
+    chroma_condition,
+    chroma_where,
+    filters_where,
+)
 from llama_jev.testing.chroma import chroma_server
 
 from .store_data import ACLS, FULL_ACL, acl_metadata, callers, embedding
@@ -240,12 +263,13 @@ async def test_k_readable_nodes_come_back_under_a_selective_acl(
         without = post_only.retrieve(QUERY, ctx=ACME_SUPPORT)
     assert len(got) == 5
     assert all(node.node.metadata["tenant"] == "acme" and node.node.metadata["roles"] == "support" for node in got)
-    assert without == []  # the 20 nearest are globex's: the post-filter alone leaves nothing
+    # The 20 nearest are globex's: the post-filter alone widens until the store is exhausted.
+    assert [node.node.node_id for node in without] == [node.node.node_id for node in got]
     assert readable > 5
-    # The records say which retrieval the store restricted.
-    assert [(record.pushdown, record.retrieved, record.denied) for record in records] == [
-        (True, 11, 0),
-        (False, 20, 20),
+    # The records say which retrieval the store restricted, and how widely the other had to look.
+    assert [(record.pushdown, record.retrieved, record.denied, record.found, record.rounds) for record in records] == [
+        (True, 11, 0, 11, 1),
+        (False, 200, 189, 11, 5),  # 20, 40, 80, 160, 320: exhausted at 200
     ]
 
 
@@ -353,6 +377,79 @@ def test_hostile_identities_are_values_of_the_where_never_operators() -> None:
             },
         ]
     }
+
+
+# --- any restriction, not only a MetadataAcl's: the condition language stated as one where ------------
+
+
+def _engine_restricted(retriever: BaseRetriever, restriction: Restriction) -> tuple[BaseRetriever, bool]:
+    """This query's copy of ``retriever`` with an engine's ``restriction`` applied (and whether it was)."""
+    upstream = copy.copy(retriever)
+    acl = MetadataAcl(tenant_key="tenant")  # any BatchAcl: apply() states the restriction it is given
+    return upstream, ChromaPushdown(retriever, acl, set()).apply(upstream, restriction, CALLERS[0])
+
+
+ENGINE_CONDITIONS = [
+    Not(ListContains("users", "u1")),
+    Not(Intersects("roles", ("admin", "$ne"))),
+    Or((Not(Equals("public", True)), Equals("tenant", "$ne"))),
+    Not(Or((Equals("tenant", "acme"), In("public", ("true", 1))))),
+    And(
+        (IdIn(frozenset({"li-0003", "native-0007", "li-0099", "missing", "x' OR '1'='1"})), Not(Equals("topic", "$ne")))
+    ),
+    IdIn(frozenset({"acme", "globex", "$ne"}), key="tenant"),
+    And((Not(Or(())), Equals("tenant", "acme"))),
+]
+
+
+@pytest.mark.parametrize("condition", ENGINE_CONDITIONS, ids=lambda condition: "+".join(sorted(operators(condition))))
+async def test_an_engines_condition_is_one_exact_where_sync_and_async(
+    acl_collection: tuple[Any, Rows], condition: Condition
+) -> None:
+    collection, rows = acl_collection
+    want = {node_id for node_id, metadata in rows.items() if evaluate(condition, node_id, metadata)}
+    assert 0 < len(want) < len(rows)
+    for retriever, own_filter in (
+        (retriever_over(collection), False),
+        (retriever_over(collection, filters=OWN_FILTER), True),
+    ):
+        upstream, applied = _engine_restricted(retriever, Conditional(condition))
+        assert applied
+        expected = {node_id for node_id in want if not own_filter or own_match(rows[node_id])}
+        assert _ids(upstream.retrieve(QUERY)) == expected
+        assert _ids(await aretrieve(upstream, QueryBundle(QUERY), threading.Event())) == expected
+
+
+def test_an_allow_list_naming_only_ids_the_collection_lacks_matches_nothing(acl_collection: tuple[Any, Rows]) -> None:
+    collection, _ = acl_collection
+    upstream, applied = _engine_restricted(retriever_over(collection), Ids(frozenset({"missing", "li-9999"})))
+    assert applied
+    assert upstream.retrieve(QUERY) == []
+
+
+def test_the_condition_translation_operator_by_operator() -> None:
+    assert chroma_condition(Not(Intersects("roles", ("a", "b")))) == {
+        "$and": [{"roles": {"$nin": ["a", "b"]}}, {"roles": {"$not_contains": "a"}}, {"roles": {"$not_contains": "b"}}]
+    }
+    assert chroma_condition(Not(Or((Equals("n", 1), Equals("b", True))))) == {
+        "$and": [{"n": {"$ne": 1}}, {"b": {"$ne": True}}]
+    }
+    assert chroma_condition(Not(Not(Equals("t", "$ne")))) == {"t": {"$eq": "$ne"}}
+    assert chroma_condition(IdIn(frozenset({"d2", "d1"}), key="doc")) == {"doc": {"$in": ["d1", "d2"]}}
+    assert chroma_condition(And(())) == {}
+    assert chroma_condition(Or((And(()), Equals("t", "x")))) == {}  # true absorbs an OR
+    nothing = chroma_condition(Or(()))
+    assert nothing == chroma_condition(In("t", ())) == chroma_condition(Not(And(())))
+    assert list(nothing) == ["$and"]
+    for refused, operator in (
+        (Not(Equals("n", 1.5)), "not"),
+        (Or((IdIn(frozenset({"a"})), Equals("t", "x"))), "id-in"),
+        (Equals("$or", "x"), "equals"),
+        (Equals("t", [1]), "equals"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(CannotState) as raised:
+            chroma_condition(refused)
+        assert raised.value.operator == operator
 
 
 # --- where Chroma's where is not exact: the ACL removes the rest -----------------------------------

@@ -38,6 +38,9 @@ from llama_jev.core.records import (
     Reason as Reason,
 )
 from llama_jev.core.records import (
+    RetrievalFacts as RetrievalFacts,
+)
+from llama_jev.core.records import (
     Selection as Selection,
 )
 from llama_jev.core.records import (

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,7 @@ __all__ = [
     "Mode",
     "Observer",
     "Reason",
+    "RetrievalFacts",
     "Selection",
     "Status",
     "normalize_query",
@@ -45,6 +46,9 @@ DEFAULT_REJECT = 0.2
 """The default ``reject`` threshold: ``p <= 0.2`` is rejected (selector, review, calibration's replay)."""
 DEFAULT_ACCEPT = 0.8
 """The default ``accept`` threshold: ``p >= 0.8`` is selected."""
+
+RestrictionKindName: TypeAlias = Literal["everything", "nothing", "ids", "condition", "none"]
+"""What a record says of the restriction a store pre-selected with (``llama_jev.acl.RestrictionKind``'s values)."""
 
 # The package's one logger (DESIGN names it for what a user must be told).
 logger = logging.getLogger("llama_jev")
@@ -153,6 +157,40 @@ class DecisionRecord(BaseModel):
             "(denied is usually 0, and retrieved 0 can mean nothing readable matched)."
         ),
     )
+    engine: str | None = Field(
+        default=None,
+        description=(
+            "Which ACL made the final check: 'metadata' (MetadataAcl), 'callable' (a plain function), "
+            "'cerbos', 'spicedb', ... (None: no ACL ran). A name only, never an identity value."
+        ),
+    )
+    restriction: RestrictionKindName | None = Field(
+        default=None,
+        description=(
+            "The kind of restriction the store pre-selected with for this query: 'everything', 'nothing' (no "
+            "store call at all), 'ids', 'condition', or 'none' (no pushdown); never the ids or values themselves."
+        ),
+    )
+    wanted: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "How many permitted nodes the retriever wanted: top_k in OFF and SHADOW, max(candidate_limit, top_k) "
+            "in ENFORCE (None: no count was asked for, e.g. a postprocessor or a retriever without top_k)."
+        ),
+    )
+    found: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "How many of them the retrieval found (found < wanted: the store held fewer, or a bound stopped it)."
+        ),
+    )
+    rounds: int | None = Field(
+        default=None,
+        ge=0,
+        description="How many times the store was asked (widening doubles the window until wanted is found).",
+    )
     query_key: str | None = Field(
         default=None,
         description="HMAC-SHA256 of the normalised query under the configured secret (None: no secret set).",
@@ -170,6 +208,40 @@ class DecisionRecord(BaseModel):
     def to_json(self) -> str:
         """One JSON line (no newline), as written to a calibration log."""
         return self.model_dump_json()
+
+
+@dataclass(frozen=True)
+class RetrievalFacts:
+    """What a judgement's record says about the retrieval around it (:class:`DecisionRecord`'s fields).
+
+    Written by ``JevRetriever`` and ``JevNodePostprocessor``; counts, names and kinds only.
+
+    Example:
+        >>> RetrievalFacts(retrieved=8, denied=3, engine="metadata", restriction="condition").record_fields()["denied"]
+        3
+    """
+
+    retrieved: int | None = None
+    denied: int | None = None
+    pushdown: bool = False
+    engine: str | None = None
+    restriction: RestrictionKindName | None = None
+    wanted: int | None = None
+    found: int | None = None
+    rounds: int | None = None
+
+    def record_fields(self) -> dict[str, Any]:
+        """The facts as :class:`DecisionRecord` keyword arguments."""
+        return {
+            "retrieved": self.retrieved,
+            "denied": self.denied,
+            "pushdown": self.pushdown,
+            "engine": self.engine,
+            "restriction": self.restriction,
+            "wanted": self.wanted,
+            "found": self.found,
+            "rounds": self.rounds,
+        }
 
 
 Observer = Callable[["RuntimeContext | None", DecisionRecord], Any]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llama_jev.core.records import DecisionRecord, Mode, Reason, Status
+from llama_jev.core.records import DecisionRecord, Mode, Reason, RetrievalFacts, Status
 
 __all__ = [
     "ATTRIBUTE_PREFIX",
@@ -135,7 +135,7 @@ def decision_attributes(record: DecisionRecord) -> dict[str, Any]:
     """The ``llama_jev.*`` span attributes of one judgement: mode, status, reason, counts, timing.
 
     Example:
-        >>> from llama_jev.core.records import DecisionRecord, Mode, Reason, Status
+        >>> from llama_jev.core.records import DecisionRecord, Mode, Reason, RetrievalFacts, Status
         >>> record = DecisionRecord(purpose="p", version="v", mode=Mode.ENFORCE, status=Status.DECIDED,
         ...                         reason=Reason.CLASSIFIED, elapsed_ms=1.0, candidates=2, requests=1)
         >>> decision_attributes(record)["llama_jev.status"]
@@ -158,13 +158,29 @@ def decision_attributes(record: DecisionRecord) -> dict[str, Any]:
         "llama_jev.purpose": record.purpose,
         "llama_jev.version": record.version,
     }
-    if record.retrieved is not None:
-        attributes["llama_jev.retrieved"] = record.retrieved
-    if record.denied is not None:
-        attributes["llama_jev.denied"] = record.denied
     if record.model is not None:
         attributes["llama_jev.model"] = record.model
+    attributes.update(_retrieval_attributes(record.retrieved, record.denied, record))
     return attributes
+
+
+def _retrieval_attributes(
+    retrieved: int | None, denied: int | None, facts: DecisionRecord | RetrievalFacts
+) -> dict[str, Any]:
+    """``llama_jev.retrieved`` ... ``llama_jev.rounds``: what was retrieved, denied, by which engine, how widely.
+
+    Counts, the engine's name and the restriction's kind only: never an id or an identity value.
+    """
+    values = {
+        "llama_jev.retrieved": retrieved,
+        "llama_jev.denied": denied,
+        "llama_jev.engine": facts.engine,
+        "llama_jev.restriction": facts.restriction,
+        "llama_jev.wanted": facts.wanted,
+        "llama_jev.found": facts.found,
+        "llama_jev.rounds": facts.rounds,
+    }
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def observe_decision(
@@ -199,8 +215,14 @@ def observe_decision(
             instruments.tracer.start_span(DECISION_SPAN, attributes=attributes).end()
 
 
-def observe_unjudged(mode: Mode, retrieved: int, denied: int, pushdown: bool) -> None:
-    """Count a retrieval nothing was judged for (mode ``OFF``) and describe it on the current span."""
+def observe_unjudged(
+    mode: Mode, retrieved: int, denied: int, pushdown: bool, *, facts: RetrievalFacts | None = None
+) -> None:
+    """Count a retrieval nothing was judged for (mode ``OFF``) and describe it on the current span.
+
+    ``facts`` adds the engine, the restriction kind and the widening counts (``llama_jev.engine``,
+    ``llama_jev.restriction``, ``llama_jev.wanted``, ``llama_jev.found``, ``llama_jev.rounds``).
+    """
     instruments = _telemetry()
     if instruments is None:
         return
@@ -214,9 +236,8 @@ def observe_unjudged(mode: Mode, retrieved: int, denied: int, pushdown: bool) ->
                 "llama_jev.mode": mode.value,
                 "llama_jev.status": Status.SKIPPED.value,
                 "llama_jev.reason": Reason.MODE_OFF.value,
-                "llama_jev.retrieved": retrieved,
-                "llama_jev.denied": denied,
                 "llama_jev.pushdown": pushdown,
+                **_retrieval_attributes(retrieved, denied, facts or RetrievalFacts()),
             }
         )
 

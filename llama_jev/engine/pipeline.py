@@ -10,14 +10,15 @@ import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from llama_index.core.instrumentation.events import BaseEvent
-from llama_index.core.schema import NodeWithScore, TextNode
+from llama_index.core.schema import BaseNode, NodeWithScore, TextNode
 from llama_index_instrumentation import get_dispatcher
 
+from llama_jev.acl.batch import BatchAcl, acheck_allowed, batch_acl, checked_allowed
 from llama_jev.acl.diagnostics import diagnose_denials
-from llama_jev.acl.rules import Acl, MetadataAcl, check_acl
+from llama_jev.acl.rules import Acl, MetadataAcl
 from llama_jev.core.context import RuntimeContext, resolve_runtime_context
 from llama_jev.core.errors import (
     JevAPIError,
@@ -26,7 +27,7 @@ from llama_jev.core.errors import (
     RetrievalUnavailableError,
 )
 from llama_jev.core.models import copy_with
-from llama_jev.core.records import Decision, DecisionRecord, Mode, Reason, Status
+from llama_jev.core.records import Decision, DecisionRecord, Mode, Reason, RetrievalFacts, Status
 from llama_jev.core.telemetry import observe_decision, observe_unjudged
 from llama_jev.engine.rerank import JudgementSpan, judgement_span, listening
 from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
@@ -35,6 +36,7 @@ __all__ = [
     "PROBABILITY_KEY",
     "JudgeFailure",
     "JevDecisionEvent",
+    "AnyAcl",
     "JudgedRetrieval",
     "authorize",
     "check_query",
@@ -44,6 +46,9 @@ __all__ = [
 ]
 
 PROBABILITY_KEY = "jev_probability"
+
+AnyAcl: TypeAlias = Acl | BatchAcl
+"""What the LlamaIndex components accept as an ACL: ``acl(ctx, node) -> bool`` or a :class:`~llama_jev.acl.BatchAcl`."""
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger(__name__)
@@ -63,9 +68,51 @@ class JevDecisionEvent(BaseEvent):
         return "JevDecisionEvent"
 
 
-def authorize(nodes: Sequence[NodeWithScore], ctx: RuntimeContext, acl: Acl) -> list[NodeWithScore]:
-    """The nodes ``ctx`` may read, in their order. An ACL that raises fails the whole retrieval."""
-    return [node for node in nodes if check_acl(acl, ctx, node.node)]
+def authorize(nodes: Sequence[NodeWithScore], ctx: RuntimeContext, acl: AnyAcl) -> list[NodeWithScore]:
+    """The nodes ``ctx`` may read, in their order. An ACL that raises fails the whole retrieval.
+
+    ``acl`` is a plain ``acl(ctx, node) -> bool`` or any :class:`~llama_jev.acl.BatchAcl`
+    (``MetadataAcl``, an engine), asked through :func:`~llama_jev.acl.checked_allowed`.
+    """
+    batch = batch_acl(acl)
+    plan = _asking(nodes)
+    return _kept(nodes, plan, [checked_allowed(batch, ctx, asked) for asked in plan.asked])
+
+
+def _asking(nodes: Sequence[NodeWithScore]) -> _Asking:
+    """What to ask the ACL about ``nodes``: one batch, or one per repeat of an id.
+
+    ``allowed`` answers with ids, so two different nodes sharing an id (two stores fused, say)
+    cannot be told apart in one answer; each repeat goes into a batch of its own, so every node
+    is decided on its own metadata, as a per-node check would.
+    """
+    if len({node.node.node_id for node in nodes}) == len(nodes):  # the usual case: one batch
+        return _Asking(rounds=[list(range(len(nodes)))], asked=[[node.node for node in nodes]])
+    rounds: list[list[int]] = []
+    repeats: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        node_id = node.node.node_id
+        count = repeats.get(node_id, 0)
+        repeats[node_id] = count + 1
+        if count == len(rounds):
+            rounds.append([])
+        rounds[count].append(index)
+    return _Asking(rounds=rounds, asked=[[nodes[index].node for index in indices] for indices in rounds])
+
+
+@dataclass(frozen=True)
+class _Asking:
+    rounds: list[list[int]]
+    asked: list[list[BaseNode]]
+
+
+def _kept(nodes: Sequence[NodeWithScore], plan: _Asking, answers: Sequence[set[str]]) -> list[NodeWithScore]:
+    """The nodes whose id the ACL's answer for their batch holds, in their order."""
+    keep = [False] * len(nodes)
+    for indices, allowed in zip(plan.rounds, answers, strict=True):
+        for index in indices:
+            keep[index] = nodes[index].node.node_id in allowed
+    return [node for node, kept in zip(nodes, keep, strict=True) if kept]
 
 
 def to_candidates(nodes: Sequence[NodeWithScore]) -> list[Candidate]:
@@ -103,12 +150,18 @@ def _with_key(keys: list[str]) -> list[str]:
 
 
 class JudgedRetrieval:
-    """ACL -> independent judgements -> order by probability -> limit, for one selector and ACL."""
+    """ACL -> independent judgements -> order by probability -> limit, for one selector and ACL.
+
+    ``acl`` is a plain ``acl(ctx, node) -> bool``, a :class:`~llama_jev.acl.MetadataAcl` or any
+    :class:`~llama_jev.acl.BatchAcl` (an authorization engine): the final check asks it once per
+    batch of nodes (:func:`~llama_jev.acl.checked_allowed`, awaited on the async path). What it
+    raises, ``PermissionsUnavailableError`` included, propagates in every mode: no node is returned.
+    """
 
     def __init__(
         self,
         selector: CandidateSelector,
-        acl: Acl,
+        acl: AnyAcl,
         *,
         question: str = RELEVANCE_QUESTION,
         pushdown: bool = False,
@@ -116,16 +169,24 @@ class JudgedRetrieval:
     ) -> None:
         if not isinstance(selector, CandidateSelector):
             raise TypeError("selector must be a CandidateSelector")
-        if not callable(acl):
-            raise TypeError("acl must be callable as acl(ctx, node) -> bool (for example a MetadataAcl)")
+        if not isinstance(acl, BatchAcl) and not callable(acl):
+            raise TypeError(
+                "acl must be callable as acl(ctx, node) -> bool (for example a MetadataAcl) or a BatchAcl "
+                "(allowed / restriction, for example a CerbosAcl)"
+            )
         if not question.strip():
             raise ValueError("question must not be blank")
         self.selector = selector
         self.acl = acl
+        # The ACL as the protocol the final check and the pushdown ask (itself, or a CallableAcl).
+        self.batch = batch_acl(acl)
+        # Its name in records and spans, read once; a name that is not a plain string is the class's.
+        engine = getattr(self.batch, "engine", None)
+        self.engine = engine if isinstance(engine, str) and engine else type(self.batch).__name__
         self.question = question
         # Who judges, as traces name the judgement's span (``JevRetriever.judge``).
         self.component = component
-        # Whether the store applies the ACL before retrieval (DecisionRecord.pushdown).
+        # Whether the store applies the ACL before retrieval (DecisionRecord.pushdown), for run().
         self.pushdown = pushdown
         # Whether the whole store was asked which configured keys it lacks (then the returned
         # nodes are not asked again; see diagnose_denials).
@@ -143,27 +204,72 @@ class JudgedRetrieval:
     ) -> list[NodeWithScore]:
         """Apply the ACL and, unless the mode is OFF, the judgement; return at most ``limit`` nodes."""
         check_query(query)
-        authorized = self._authorize(nodes, ctx)
-        if self.mode is Mode.OFF:
-            return self._unjudged(nodes, authorized, limit)
-        with self._span(query, authorized, limit) as span:
-            candidates = to_candidates(authorized)
-            counts = self._counts(nodes, authorized)
-            decision = self.selector.select(query, self.question, candidates, ctx=ctx, **counts)
-            return span.returned(self._apply(authorized, decision, limit))
+        authorized = self.authorize(nodes, ctx)
+        return self.judge(query, authorized, ctx, limit, self.facts(nodes, authorized))
 
     async def arun(
         self, query: str, nodes: Sequence[NodeWithScore], ctx: RuntimeContext, limit: int | None
     ) -> list[NodeWithScore]:
         """The async twin of :meth:`run`."""
         check_query(query)
-        authorized = self._authorize(nodes, ctx)
+        authorized = await self.aauthorize(nodes, ctx)
+        return await self.ajudge(query, authorized, ctx, limit, self.facts(nodes, authorized))
+
+    def authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
+        """The final check: the nodes ``ctx`` may read, in their order (the ACL asked once per batch)."""
+        plan = _asking(nodes)
+        answers = [checked_allowed(self.batch, ctx, asked) for asked in plan.asked]
+        return self._authorized(nodes, ctx, _kept(nodes, plan, answers))
+
+    async def aauthorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
+        """The async :meth:`authorize`: the engine is awaited, the event loop never blocked by it."""
+        plan = _asking(nodes)
+        answers = [await acheck_allowed(self.batch, ctx, asked) for asked in plan.asked]
+        return self._authorized(nodes, ctx, _kept(nodes, plan, answers))
+
+    def facts(self, nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore], **more: Any) -> RetrievalFacts:
+        """What the record says of a retrieval of ``nodes`` of which ``authorized`` passed the final check."""
+        fields: dict[str, Any] = {
+            "retrieved": len(nodes),
+            "denied": len(nodes) - len(authorized),
+            "pushdown": self.pushdown,
+            "engine": self.engine,
+            **more,
+        }
+        return RetrievalFacts(**fields)
+
+    def judge(
+        self,
+        query: str,
+        authorized: list[NodeWithScore],
+        ctx: RuntimeContext,
+        limit: int | None,
+        facts: RetrievalFacts,
+    ) -> list[NodeWithScore]:
+        """Unless the mode is OFF, judge the ``authorized`` nodes; return at most ``limit`` nodes."""
+        check_query(query)
         if self.mode is Mode.OFF:
-            return self._unjudged(nodes, authorized, limit)
+            return self._unjudged(authorized, limit, facts)
         with self._span(query, authorized, limit) as span:
             candidates = to_candidates(authorized)
-            counts = self._counts(nodes, authorized)
-            decision = await self.selector.aselect(query, self.question, candidates, ctx=ctx, **counts)
+            decision = self.selector.select(query, self.question, candidates, ctx=ctx, retrieval=facts)
+            return span.returned(self._apply(authorized, decision, limit))
+
+    async def ajudge(
+        self,
+        query: str,
+        authorized: list[NodeWithScore],
+        ctx: RuntimeContext,
+        limit: int | None,
+        facts: RetrievalFacts,
+    ) -> list[NodeWithScore]:
+        """The async twin of :meth:`judge`."""
+        check_query(query)
+        if self.mode is Mode.OFF:
+            return self._unjudged(authorized, limit, facts)
+        with self._span(query, authorized, limit) as span:
+            candidates = to_candidates(authorized)
+            decision = await self.selector.aselect(query, self.question, candidates, ctx=ctx, retrieval=facts)
             return span.returned(self._apply(authorized, decision, limit))
 
     def identity(self, ctx: RuntimeContext | None) -> RuntimeContext:
@@ -184,18 +290,16 @@ class JudgedRetrieval:
         return judgement_span(self.component, query, authorized, top_n, self.selector.judge)
 
     def _unjudged(
-        self, nodes: Sequence[NodeWithScore], authorized: list[NodeWithScore], limit: int | None
+        self, authorized: list[NodeWithScore], limit: int | None, facts: RetrievalFacts
     ) -> list[NodeWithScore]:
         """Mode OFF: the ACL only; counted and described like a judgement, with nothing judged."""
-        observe_unjudged(self.mode, len(nodes), len(nodes) - len(authorized), self.pushdown)
+        observe_unjudged(self.mode, facts.retrieved or 0, facts.denied or 0, facts.pushdown, facts=facts)
         return _limit(authorized, limit)
 
-    def _counts(self, nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore]) -> dict[str, Any]:
-        """What the record says the retrieval did before the judge: retrieved, denied by the ACL, pushdown."""
-        return {"retrieved": len(nodes), "denied": len(nodes) - len(authorized), "pushdown": self.pushdown}
-
-    def _authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
-        authorized = authorize(nodes, ctx, self.acl)
+    def _authorized(
+        self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext, authorized: list[NodeWithScore]
+    ) -> list[NodeWithScore]:
+        """``authorized``, after telling a ``MetadataAcl``'s user why nodes were denied (once per cause)."""
         if isinstance(self.acl, MetadataAcl):
             diagnose_denials(
                 self.acl,

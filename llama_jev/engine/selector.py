@@ -35,6 +35,7 @@ from llama_jev.core.records import (
     ExecutionOptions,
     Mode,
     Reason,
+    RetrievalFacts,
     Selection,
     Status,
 )
@@ -88,9 +89,7 @@ class _Plan:
     ids: tuple[dict[str, str], ...]
     count: int
     # What the record says about the retrieval around the judgement (see DecisionRecord).
-    retrieved: int | None = None
-    denied: int | None = None
-    pushdown: bool = False
+    retrieval: RetrievalFacts = field(default_factory=RetrievalFacts)
     query_key: str | None = None
     # Where the judge reports how long requests waited for admission (DecisionRecord.queue_ms).
     queue: QueueWait = field(default_factory=QueueWait, compare=False)
@@ -238,9 +237,7 @@ class CandidateSelector:
             candidates=plan.count,
             judged=len(selection.scores) if selection else 0,
             requests=len(plan.requests),
-            retrieved=plan.retrieved,
-            denied=plan.denied,
-            pushdown=plan.pushdown,
+            **plan.retrieval.record_fields(),
             query_key=plan.query_key,
             model=model,
             selected=selection.selected if selection else (),
@@ -298,9 +295,7 @@ class CandidateSelector:
         question: str,
         candidates: Sequence[Candidate],
         ctx: RuntimeContext | None,
-        retrieved: int | None,
-        denied: int | None,
-        pushdown: bool = False,
+        retrieval: RetrievalFacts,
     ) -> Decision | tuple[_Plan, Budget]:
         """A finished decision when nothing is to be asked (mode OFF, no candidate), else the plan."""
         if self.options.mode is Mode.OFF:
@@ -313,16 +308,14 @@ class CandidateSelector:
         try:
             unsendable = _unencodable(state, candidates)
             if unsendable is None:
-                plan = self._plan(
-                    state, question, candidates, retrieved=retrieved, denied=denied, pushdown=pushdown, query_key=key
-                )
+                plan = self._plan(state, question, candidates, retrieval=retrieval, query_key=key)
         except (CandidateTooLargeError, QueryTooLargeError) as error:
             unsendable = error
         if unsendable is not None:
             # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
             # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
             reason = _UNSENDABLE_REASONS[type(unsendable)]
-            empty = _Plan((), (), len(candidates), retrieved=retrieved, denied=denied, pushdown=pushdown, query_key=key)
+            empty = _Plan((), (), len(candidates), retrieval=retrieval, query_key=key)
             record = self._record(empty, budget, Status.ERROR, reason)
             return self.observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
         if not plan.requests:
@@ -375,6 +368,7 @@ class CandidateSelector:
         retrieved: int | None = None,
         denied: int | None = None,
         pushdown: bool = False,
+        retrieval: RetrievalFacts | None = None,
     ) -> Decision:
         """Judge ``candidates`` against ``state`` (the query) with the yes/no ``question``.
 
@@ -384,9 +378,12 @@ class CandidateSelector:
         than 1024 candidates). In mode ``OFF`` nothing is asked and nothing recorded.
         ``retrieved`` / ``denied`` (what the upstream retriever returned and the ACL removed) and
         ``pushdown`` (whether the store applied the ACL first) are written into the record by the
-        LlamaIndex components.
+        LlamaIndex components; ``retrieval`` (:class:`~llama_jev.core.RetrievalFacts`), when given,
+        says all of it at once (with the engine, the restriction kind and the widening counts) and
+        takes the place of the three.
         """
-        started = self._start(state, question, candidates, ctx, retrieved, denied, pushdown)
+        facts = retrieval or RetrievalFacts(retrieved=retrieved, denied=denied, pushdown=pushdown)
+        started = self._start(state, question, candidates, ctx, facts)
         if isinstance(started, Decision):
             return started
         plan, budget = started
@@ -436,9 +433,11 @@ class CandidateSelector:
         retrieved: int | None = None,
         denied: int | None = None,
         pushdown: bool = False,
+        retrieval: RetrievalFacts | None = None,
     ) -> Decision:
         """The async twin of :meth:`select`. A cancellation is recorded as ``CANCELLED`` and re-raised."""
-        started = self._start(state, question, candidates, ctx, retrieved, denied, pushdown)
+        facts = retrieval or RetrievalFacts(retrieved=retrieved, denied=denied, pushdown=pushdown)
+        started = self._start(state, question, candidates, ctx, facts)
         if isinstance(started, Decision):
             return started
         plan, budget = started

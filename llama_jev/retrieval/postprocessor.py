@@ -8,9 +8,8 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from llama_jev.acl.rules import Acl
 from llama_jev.core.context import RuntimeContext, bind_if_given
-from llama_jev.engine.pipeline import JudgedRetrieval
+from llama_jev.engine.pipeline import AnyAcl, JudgedRetrieval
 from llama_jev.engine.selector import RELEVANCE_QUESTION, CandidateSelector
 
 __all__ = ["JevNodePostprocessor"]
@@ -38,7 +37,7 @@ class JevNodePostprocessor(BaseNodePostprocessor):
     def __init__(
         self,
         selector: CandidateSelector,
-        acl: Acl,
+        acl: AnyAcl,
         top_n: int | None = None,
         *,
         question: str = RELEVANCE_QUESTION,

@@ -7,6 +7,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from llama_index.core.base import base_retriever
@@ -18,13 +19,17 @@ from llama_index_instrumentation import get_dispatcher
 from llama_index_instrumentation.dispatcher import DISPATCHER_SPAN_DECORATED_ATTR
 
 from llama_jev import stores
+from llama_jev.acl.batch import CallableAcl, batch_acl
+from llama_jev.acl.conditions import Conditional, Everything, Ids, Nothing, Restriction, Unknown
 from llama_jev.acl.diagnostics import warn_keys_absent
-from llama_jev.acl.rules import Acl, MetadataAcl
+from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.context import RuntimeContext, bind_if_given
-from llama_jev.core.records import Mode
-from llama_jev.engine.pipeline import JudgedRetrieval, check_query
+from llama_jev.core.errors import PermissionsUnavailableError
+from llama_jev.core.records import Mode, RestrictionKindName, RetrievalFacts
+from llama_jev.engine.pipeline import AnyAcl, JudgedRetrieval, check_query
 from llama_jev.engine.rerank import listening
 from llama_jev.engine.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
+from llama_jev.retrieval.widening import Widening
 from llama_jev.stores import KeyCensus
 
 __all__ = ["JevRetriever"]
@@ -63,26 +68,42 @@ class JevRetriever(BaseRetriever):
     Args:
         retriever: any LlamaIndex retriever (vector store, BM25, fusion, ...). It is never mutated.
         selector: the :class:`CandidateSelector`; its mode decides what happens.
-        acl: ``acl(ctx, node) -> bool``, e.g. a :class:`MetadataAcl`.
+        acl: ``acl(ctx, node) -> bool``, a :class:`MetadataAcl`, or any ``BatchAcl`` (an
+            authorization engine such as ``CerbosAcl``): the final check asks it once per batch of
+            nodes (awaited on the async path). What it raises, ``PermissionsUnavailableError``
+            included, fails the retrieval in every mode, and no node is returned.
         candidate_limit: in ENFORCE, how many candidates to recall for judgement (1..1024).
         top_k: how many nodes to return; defaults to the wrapped retriever's ``similarity_top_k``
             (no limit for retrievers without one).
         prefilter: also push the ACL down into the vector store, so nodes the caller may not
             read never leave the store: they do not crowd authorized ones out of the candidates,
             and the wrapped retriever's own instrumentation events (``RetrievalEndEvent``) carry
-            only readable nodes. Needs a :class:`MetadataAcl` and a ``VectorIndexRetriever`` over
-            Qdrant (as metadata filters, ANDed with the retriever's own), the in-memory
-            ``SimpleVectorStore`` (as a node-id restriction computed by the same ACL from the
-            store's metadata, so any configuration and any own flat filters work) or an
-            ``AclPGVectorStore`` (as one SQL clause of bound parameters, ANDed with the
-            retriever's own filters). The post-filter stays on. Defaults to ``False``;
-            :meth:`from_index` turns it on for all three. Without it, over a plain
+            only readable nodes. Per query the ACL is asked ``restriction(ctx)`` once (awaited on
+            the async path) and the store's adapter in ``llama_jev.stores`` states it (Qdrant,
+            the in-memory ``SimpleVectorStore``, an ``AclPGVectorStore``, Chroma, or one you
+            ``register()``), ANDed with the retriever's own filters. ``Nothing`` means no store
+            call at all (an empty result); a restriction the adapter cannot state means no
+            pushdown for that query (said once). Needs a ``BatchAcl`` that can say what a store may
+            pre-select (not a plain callable). The final check stays on. Defaults to ``False``;
+            :meth:`from_index` turns it on where it can. Without it, over a plain
             ``PGVectorStore``, the retriever warns once that ``AclPGVectorStore`` would push down.
 
-    Recall expansion: a retriever with a ``similarity_top_k`` (VectorIndexRetriever, Qdrant,
-    BM25, ...) is asked, per query and on a private shallow copy, for ``max(candidate_limit,
-    top_k)`` nodes in ENFORCE and ``top_k`` in OFF / SHADOW. Any other retriever is used as it is:
-    its own limit decides how many candidates there are.
+    Recall and widening: a retriever with a settable ``similarity_top_k`` (VectorIndexRetriever,
+    Qdrant, BM25, ...) is asked, per query and on a private shallow copy, for the count wanted:
+    ``max(candidate_limit, top_k)`` permitted nodes in ENFORCE, ``top_k`` in OFF / SHADOW (twice
+    that at first without pushdown once the final check has dropped nodes of an earlier query).
+    When the final check leaves
+    fewer and the store returned all it was asked for, it is asked again with a doubled window,
+    until the count is met, the store holds no more, or 1,024 candidates were recalled; a node is
+    counted once. A shortfall the bound causes is never silent: the record has ``wanted``,
+    ``found`` and ``rounds``, and one WARNING per retriever and cause names the cause. A fusion
+    retriever is widened through its own ``similarity_top_k``, as far as its sub-retrievers' ``k``
+    lets it (an answer shorter than asked reads as "no more"). Any other retriever (one of your
+    own without ``similarity_top_k``) is used as it is, in one round: its own limit decides how
+    many candidates there are.
+
+    Permissions engines carry their own timeout (``CerbosAcl(timeout=...)``); the judgement's
+    ``ExecutionOptions(budget=...)`` starts after the final check and does not bound it.
 
     Example:
         >>> retriever = JevRetriever(index.as_retriever(similarity_top_k=5), selector, acl)  # doctest: +SKIP
@@ -94,7 +115,7 @@ class JevRetriever(BaseRetriever):
         self,
         retriever: BaseRetriever,
         selector: CandidateSelector,
-        acl: Acl,
+        acl: AnyAcl,
         candidate_limit: int = 20,
         top_k: int | None = None,
         *,
@@ -126,6 +147,8 @@ class JevRetriever(BaseRetriever):
             logging.getLogger("llama_jev").warning("JevRetriever: %s", advice)
         # Once per retriever (not per process): every retriever over a sync-only store is told.
         self._warned_sync_only = threading.Event()
+        # Whether the final check has dropped nodes of a query without pushdown (see Widening).
+        self._denials_seen = False
         self.retriever = retriever
         self.candidate_limit = candidate_limit
         self.top_k = top_k
@@ -136,7 +159,7 @@ class JevRetriever(BaseRetriever):
         cls,
         index: BaseIndex[Any],
         selector: CandidateSelector,
-        acl: Acl,
+        acl: AnyAcl,
         candidate_limit: int = 20,
         top_k: int = 5,
         *,
@@ -146,7 +169,8 @@ class JevRetriever(BaseRetriever):
     ) -> JevRetriever:
         """Wrap ``index.as_retriever(similarity_top_k=top_k, **retriever_kwargs)``.
 
-        ``prefilter`` defaults to on for a :class:`MetadataAcl` over a store an adapter of
+        ``prefilter`` defaults to on for any ACL that can say what a store may pre-select (a
+        :class:`MetadataAcl`, an engine such as ``CerbosAcl``; not a plain callable) over a store an adapter of
         ``llama_jev.stores`` speaks (Qdrant, the in-memory store, an ``AclPGVectorStore``,
         Chroma, or one you ``register()``; the store pre-filters, the ACL post-filters again), off
         otherwise (logged once at INFO: then the wrapped retriever's events carry nodes the caller
@@ -161,8 +185,9 @@ class JevRetriever(BaseRetriever):
         inner = index.as_retriever(similarity_top_k=top_k, **retriever_kwargs)
         _check_retriever_kwargs(index, inner, retriever_kwargs)
         if prefilter is None:
-            # On by default wherever the store applies the ACL exactly.
-            prefilter = isinstance(acl, MetadataAcl) and stores.adapter_for(inner) is not None
+            # On by default for an ACL that can say what a store may pre-select (not a plain callable),
+            # over a store an adapter speaks; the final check still decides every node.
+            prefilter = not isinstance(batch_acl(acl), CallableAcl) and stores.adapter_for(inner) is not None
             # A store with advice (a plain PGVectorStore) gets its WARNING from the constructor instead.
             if not prefilter and stores.advice_for(inner) is None:
                 logger.info(
@@ -186,7 +211,7 @@ class JevRetriever(BaseRetriever):
         return self._judged.selector
 
     @property
-    def acl(self) -> Acl:
+    def acl(self) -> AnyAcl:
         """The ACL applied to every candidate."""
         return self._judged.acl
 
@@ -202,7 +227,12 @@ class JevRetriever(BaseRetriever):
 
     @property
     def recall_k(self) -> int | None:
-        """How many nodes the wrapped retriever is asked for in the current mode."""
+        """How many permitted nodes a query wants in the current mode (the store's first window with pushdown).
+
+        ``max(candidate_limit, top_k)`` in ENFORCE, ``top_k`` otherwise; without pushdown the first
+        window is twice this once the final check has dropped nodes, and widening doubles it while
+        the final check leaves fewer.
+        """
         if self._judged.mode is Mode.ENFORCE:
             return max(self.candidate_limit, self.top_k or 0)
         return self.top_k
@@ -242,8 +272,12 @@ class JevRetriever(BaseRetriever):
         ctx = self._judged.identity(None)
         if not self._keys_checked:
             self._census_taken(self._ask_store())
-        nodes = self._upstream(ctx).retrieve(query_bundle)
-        return self._judged.run(query_bundle.query_str, nodes, ctx, self.top_k)
+        query = self._query(ctx, self._judged.batch.restriction(ctx) if self._pushdown is not None else None)
+        while (window := query.widening.next_window()) is not None and query.upstream is not None:
+            fresh = query.widening.fresh(query.at(window).retrieve(query_bundle))
+            query.widening.add(fresh, self._judged.authorize(fresh, ctx))
+        candidates, facts = self._outcome(query)
+        return self._judged.judge(query_bundle.query_str, candidates, ctx, self.top_k, facts)
 
     @_no_own_span
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
@@ -251,8 +285,61 @@ class JevRetriever(BaseRetriever):
         ctx = self._judged.identity(None)
         if not self._keys_checked:
             self._census_taken(await self._aask_store())
-        nodes = await stores.aretrieve(self._upstream(ctx), query_bundle, self._warned_sync_only)
-        return await self._judged.arun(query_bundle.query_str, nodes, ctx, self.top_k)
+        query = self._query(ctx, await self._judged.batch.arestriction(ctx) if self._pushdown is not None else None)
+        while (window := query.widening.next_window()) is not None and query.upstream is not None:
+            returned = await stores.aretrieve(query.at(window), query_bundle, self._warned_sync_only)
+            fresh = query.widening.fresh(returned)
+            query.widening.add(fresh, await self._judged.aauthorize(fresh, ctx))
+        candidates, facts = self._outcome(query)
+        return await self._judged.ajudge(query_bundle.query_str, candidates, ctx, self.top_k, facts)
+
+    def _query(self, ctx: RuntimeContext, restriction: object | None) -> _Query:
+        """This query's plan: the store's restriction applied to a private copy, and its widening.
+
+        ``restriction`` is what the ACL answered (``None``: not asked, no pushdown configured).
+        ``Nothing`` means no store call at all; an answer that is not a restriction fails closed.
+        """
+        kind: RestrictionKindName = "none"
+        applied = False
+        upstream: BaseRetriever | None = self.retriever
+        can_widen = self.top_k is not None and _top_k_of(self.retriever) is not None
+        if restriction is not None:
+            checked = _checked_restriction(self._judged.engine, restriction)
+            if isinstance(checked, Nothing):
+                kind, applied, upstream = "nothing", True, None
+                # No store call; a MetadataAcl still says why (a caller without a tenant). No engine
+                # call either: nothing is asked about an empty list.
+                self._judged.authorize([], ctx)
+            else:
+                upstream = copy.copy(self.retriever)
+                assert self._pushdown is not None  # a restriction is asked only with one
+                applied = self._pushdown.apply(upstream, checked, ctx)
+                kind = checked.kind if applied else "none"
+        wanted = self.recall_k if self.top_k is not None else None
+        # Nothing: the store holds nothing this caller may read, so nothing is missing either.
+        widening = Widening(wanted, can_widen, applied, self._denials_seen, exhausted=upstream is None)
+        return _Query(upstream, widening, applied, kind, owned=upstream is not self.retriever)
+
+    def _outcome(self, query: _Query) -> tuple[list[NodeWithScore], RetrievalFacts]:
+        """The candidates of a finished query and what its record says; a shortfall is logged."""
+        widening = query.widening
+        widening.warn(self._judged.warned, self.class_name())
+        if widening.dropped and not query.pushdown:
+            # From now on this retriever's first window is wider without pushdown (NO_PUSHDOWN_FACTOR).
+            self._denials_seen = True
+        retrieved, denied = widening.counts()
+        candidates = widening.candidates()
+        facts = RetrievalFacts(
+            retrieved=retrieved,
+            denied=denied,
+            pushdown=query.pushdown,
+            engine=self._judged.engine,
+            restriction=query.restriction,
+            wanted=widening.wanted,
+            found=len(candidates) if widening.wanted is not None else None,
+            rounds=widening.rounds,
+        )
+        return candidates, facts
 
     def _ask_store(self) -> KeyCensus | None:
         """The store's census of the ACL's keys, or ``None`` when it cannot be asked (or failed to answer)."""
@@ -291,22 +378,6 @@ class JevRetriever(BaseRetriever):
         if census.absent:
             warn_keys_absent(self.acl, census.absent, census.where, census.present, seen=self._judged.warned)
 
-    def _upstream(self, ctx: RuntimeContext) -> BaseRetriever:
-        """The wrapped retriever, or a per-query shallow copy with this query's k and filters.
-
-        A copy, never a mutation: the caller's retriever may serve other queries concurrently.
-        """
-        k = self.recall_k
-        change_k = k is not None and _top_k_of(self.retriever) not in (None, k)
-        if not change_k and self._pushdown is None:
-            return self.retriever
-        upstream = copy.copy(self.retriever)
-        if change_k:
-            setattr(upstream, _TOP_K_ATTRIBUTE, k)
-        if self._pushdown is not None:
-            self._pushdown.restrict(upstream, ctx)
-        return upstream
-
     def _handle_recursive_retrieval(self, query_bundle: QueryBundle, nodes: list[NodeWithScore]) -> list[NodeWithScore]:
         # The wrapped retriever already expanded IndexNodes; expanding again here would put
         # objects behind the ACL and the judge into the result.
@@ -338,6 +409,43 @@ def _check_retriever_kwargs(index: BaseIndex[Any], retriever: BaseRetriever, kwa
             f"{type(index).__name__}.as_retriever / {type(retriever).__name__} do not take; "
             f"known: {', '.join(sorted(known - {'self', 'index'}))}"
         )
+
+
+@dataclass
+class _Query:
+    """One query against the store: its private copy of the wrapped retriever and its rounds.
+
+    ``upstream`` is ``None`` when the restriction is ``Nothing`` (no store call at all).
+    """
+
+    upstream: BaseRetriever | None
+    widening: Widening
+    pushdown: bool
+    restriction: RestrictionKindName
+    # Whether upstream is this query's own copy (else the caller's retriever, never to be changed).
+    owned: bool = False
+
+    def at(self, window: int) -> BaseRetriever:
+        """The retriever for a round asking ``window`` nodes (``0``: as it is)."""
+        assert self.upstream is not None
+        if window and _top_k_of(self.upstream) != window:
+            if not self.owned:
+                # A copy, never a mutation: the caller's retriever may serve other queries concurrently.
+                self.upstream, self.owned = copy.copy(self.upstream), True
+            setattr(self.upstream, _TOP_K_ATTRIBUTE, window)
+        return self.upstream
+
+
+def _checked_restriction(engine: str, restriction: object) -> Restriction:
+    """The ACL's ``restriction(ctx)`` answer, if it is one of the kinds; anything else fails closed."""
+    if isinstance(restriction, (Everything, Nothing, Ids, Conditional, Unknown)):
+        return restriction
+    raise PermissionsUnavailableError(
+        f"the {engine} ACL answered {type(restriction).__name__} to restriction(); it must return Everything, "
+        "Nothing, Ids, Conditional or Unknown (no node is returned for an answer that cannot be read)",
+        engine=engine,
+        reason="INVALID_RESPONSE",
+    )
 
 
 def _bundle(query: QueryType) -> QueryBundle:

@@ -7,6 +7,9 @@ from llama_jev.stores.base import (
     Pushdown as Pushdown,
 )
 from llama_jev.stores.chroma import (
+    chroma_condition as chroma_condition,
+)
+from llama_jev.stores.chroma import (
     chroma_where as chroma_where,
 )
 from llama_jev.stores.memory import (
@@ -14,6 +17,9 @@ from llama_jev.stores.memory import (
 )
 from llama_jev.stores.postgres_store import (
     AclPGVectorStore as AclPGVectorStore,
+)
+from llama_jev.stores.qdrant import (
+    qdrant_condition as qdrant_condition,
 )
 from llama_jev.stores.qdrant import (
     qdrant_filters as qdrant_filters,

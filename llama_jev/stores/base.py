@@ -5,29 +5,57 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
+from llama_jev.acl.batch import BatchAcl
+from llama_jev.acl.conditions import (
+    And,
+    Condition,
+    Conditional,
+    Equals,
+    Everything,
+    IdIn,
+    Ids,
+    In,
+    Intersects,
+    ListContains,
+    Not,
+    Nothing,
+    Or,
+    Restriction,
+    Scalar,
+    Unknown,
+)
 from llama_jev.acl.rules import AclTerms, MetadataAcl
+from llama_jev.core.errors import UntranslatableFilterError
 from llama_jev.core.identity import RuntimeContext
 
 __all__ = [
+    "CannotState",
     "acl_metadata_filters",
+    "checked_condition",
+    "checked_scalar",
+    "condition_of",
     "KeyCensus",
     "Pushdown",
     "Seen",
     "match_nothing",
+    "node_id_terms",
     "restrict_filters",
     "retrieve_in_thread",
     "vector_store_of",
 ]
+
+logger = logging.getLogger("llama_jev")  # the package logger DESIGN names for warnings
 
 # A value no tenant, user or role field holds: with IS_EMPTY on the same key, a filter no node
 # satisfies on every store (an empty field cannot equal a non-empty string).
@@ -53,6 +81,116 @@ class KeyCensus:
     nodes: int
     where: str
     present: tuple[str, ...] = ()
+
+
+class CannotState(UntranslatableFilterError):
+    """A store's translation cannot state ``operator`` exactly or as a superset: no pushdown for this query.
+
+    Raised inside an adapter's translation and turned by :meth:`Pushdown.refuse` into one WARNING
+    per retriever. ``why`` names the operator's shape or a value's *type*, never a value. An
+    :class:`~llama_jev.errors.UntranslatableFilterError` (a ``JevError`` and a ``ValueError``), as
+    a caller's filter a store cannot state is.
+    """
+
+    def __init__(self, operator: str, why: str) -> None:
+        super().__init__(f"{operator}: {why}")
+        self.operator = operator
+        self.why = why
+
+
+def checked_scalar(operator: str, value: object) -> Scalar:
+    """``value`` if it is a condition value every store can compare (str, int, bool, a finite float).
+
+    Raises:
+        CannotState: any other type (named by its type, never its value), or a NaN / infinity,
+            which no store compares the way Python does.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CannotState(operator, "a non-finite float value")
+    if not isinstance(value, (str, int, float, bool)):
+        raise CannotState(operator, f"a value of type {type(value).__name__}")
+    return value
+
+
+def checked_condition(condition: Condition) -> Condition:
+    """``condition``, once every value in it is one :func:`checked_scalar` accepts (and every node a condition).
+
+    Raises:
+        CannotState: a value of another type, or something that is not a condition.
+    """
+    if isinstance(condition, (And, Or)):
+        for term in condition.terms:
+            checked_condition(term)
+    elif isinstance(condition, Not):
+        checked_condition(condition.term)
+    elif isinstance(condition, Equals):
+        _checked_key(condition.operator, condition.key)
+        checked_scalar(condition.operator, condition.value)
+    elif isinstance(condition, In):
+        _checked_key(condition.operator, condition.key)
+        for value in condition.values:
+            checked_scalar(condition.operator, value)
+    elif isinstance(condition, ListContains):
+        _checked_key(condition.operator, condition.key)
+        _checked_string(condition.operator, condition.value)
+    elif isinstance(condition, Intersects):
+        _checked_key(condition.operator, condition.key)
+        for value in condition.values:
+            _checked_string(condition.operator, value)
+    elif isinstance(condition, IdIn):
+        if condition.key is not None:
+            _checked_key(condition.operator, condition.key)
+        for value in condition.ids:
+            _checked_string(condition.operator, value)
+    else:
+        raise CannotState(type(condition).__name__, "not one of llama_jev.acl's conditions")
+    return condition
+
+
+def _checked_key(operator: str, key: object) -> None:
+    if not isinstance(key, str) or not key:
+        raise CannotState(operator, f"a metadata key of type {type(key).__name__} (a non-empty str is needed)")
+
+
+def _checked_string(operator: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise CannotState(operator, f"a value of type {type(value).__name__} where a string is compared")
+
+
+def condition_of(restriction: Nothing | Ids | Conditional, *, checked: bool = True) -> Condition | None:
+    """The condition a store must state for ``restriction``; ``None``: match nothing.
+
+    ``checked=False`` skips the values' check, for a store that reads any value as ``evaluate`` does.
+
+    Raises:
+        CannotState: a value in it no store can compare (see :func:`checked_condition`).
+        TypeError: ``restriction`` is none of the restriction kinds (an engine's bug: never guessed at).
+    """
+    if isinstance(restriction, Nothing):
+        return None
+    if not isinstance(restriction, (Ids, Conditional)):
+        raise TypeError(
+            f"a restriction must be Everything, Nothing, Ids, Conditional or Unknown (llama_jev.acl), "
+            f"not {type(restriction).__name__}"
+        )
+    return checked_condition(restriction.condition) if checked else restriction.condition
+
+
+def node_id_terms(condition: Condition) -> tuple[frozenset[str] | None, Condition]:
+    """The node ids ``condition`` ANDs at its top (``IdIn`` without a key), and the rest of it.
+
+    For a store that reads node ids apart from metadata (a query's ``node_ids`` / ``ids``):
+    ``(None, condition)`` when there are none; several such terms intersect.
+    """
+    terms = condition.terms if isinstance(condition, And) else (condition,)
+    ids: frozenset[str] | None = None
+    rest: list[Condition] = []
+    for term in terms:
+        if isinstance(term, IdIn) and term.key is None:
+            ids = term.ids if ids is None else ids & term.ids
+        else:
+            rest.append(term)
+    return ids, (rest[0] if len(rest) == 1 else And(tuple(rest)))
 
 
 def vector_store_of(retriever: BaseRetriever) -> Any:
@@ -116,24 +254,28 @@ def restrict_filters(retriever: BaseRetriever, upstream: BaseRetriever, restrict
 
 
 class Pushdown(ABC):
-    """One retriever's :class:`MetadataAcl`, pushed down into its vector store.
+    """One retriever's ACL, pushed down into its vector store.
 
-    Built once per ``JevRetriever``; :meth:`restrict` runs per query on a private shallow copy of
-    the wrapped retriever, so the caller's retriever is never mutated. Every value an adapter
-    sends to its store is bound by the store's own client (a filter object, a bound SQL
-    parameter), never pasted into a query string. The in-process ACL still checks every node
-    that comes back: pushdown only keeps unreadable nodes out of the store's answer.
+    Built once per ``JevRetriever``; :meth:`apply` runs per query on a private shallow copy of
+    the wrapped retriever, so the caller's retriever is never mutated. It states the ACL's
+    :class:`~llama_jev.acl.conditions.Restriction` for this caller (everything, nothing, an id
+    allow-list, a condition) in the store's own terms, exactly or as a superset, never dropping a
+    node the restriction admits. Every value an adapter sends to its store is bound by the store's
+    own client (a filter object, a bound SQL parameter), never pasted into a query string. The
+    ACL's final check still decides every node that comes back: pushdown only keeps unreadable
+    nodes out of the store's answer.
 
-    A new store is one subclass: :attr:`name`, :meth:`recognises` and :meth:`restrict`, then
+    A new store is one subclass: :attr:`name`, :meth:`recognises` and :meth:`apply`, then
     ``llama_jev.stores.register(MyPushdown)`` (docs/stores-and-pushdown.md, "Write your own
-    adapter"). The rest is optional: :meth:`advice`, :meth:`census` / :meth:`acensus`,
-    :meth:`in_thread`.
+    adapter"). An adapter written for 0.2 implements :meth:`restrict` instead; it keeps working
+    for a :class:`~llama_jev.acl.rules.MetadataAcl` (and declines any other ACL's restriction).
+    The rest is optional: :meth:`advice`, :meth:`census` / :meth:`acensus`, :meth:`in_thread`.
     """
 
     name: ClassVar[str]
     """The store's name in messages and docs ("qdrant", "memory", ...)."""
 
-    def __init__(self, retriever: BaseRetriever, acl: MetadataAcl, seen: Seen) -> None:
+    def __init__(self, retriever: BaseRetriever, acl: BatchAcl, seen: Seen) -> None:
         self.retriever = retriever
         self.acl = acl
         self.seen = seen
@@ -152,9 +294,71 @@ class Pushdown(ABC):
         """
         return None
 
-    @abstractmethod
+    @classmethod
+    def implements(cls) -> bool:
+        """Whether the class overrides :meth:`apply` or 0.2's :meth:`restrict` (``register`` needs one)."""
+        return cls.apply is not Pushdown.apply or cls.restrict is not Pushdown.restrict
+
+    def apply(self, upstream: BaseRetriever, restriction: Restriction, ctx: RuntimeContext) -> bool:
+        """Restrict ``upstream`` to a superset of what ``restriction`` admits, AND the caller's own filters.
+
+        ``upstream`` is this query's private shallow copy of the wrapped retriever. Returns ``True``
+        when the store now pre-selects; ``False`` when it cannot state this restriction (then it
+        has logged one WARNING per retriever naming the operator, see :meth:`refuse`) or the
+        restriction is :class:`~llama_jev.acl.conditions.Unknown`: the retrieval runs without
+        pushdown, and the final check keeps the answer the same.
+        :class:`~llama_jev.acl.conditions.Everything` leaves the caller's filters as they are;
+        :class:`~llama_jev.acl.conditions.Nothing` is a filter no node satisfies.
+
+        This default serves an adapter written for 0.2, which implements :meth:`restrict`: it is
+        called for a ``MetadataAcl``'s own restriction, and any other restriction is declined.
+        """
+        if isinstance(restriction, Unknown):
+            return False
+        if isinstance(restriction, Everything):
+            return True
+        if type(self).restrict is Pushdown.restrict:
+            raise NotImplementedError(f"{type(self).__qualname__} implements neither apply() nor restrict()")
+        if isinstance(self.acl, MetadataAcl) and restriction == self.acl.restriction(ctx):
+            self.restrict(upstream, ctx)
+            return True
+        return self.refuse(
+            restriction.kind,
+            f"{type(self).__qualname__} implements 0.2's restrict(), which states a MetadataAcl only "
+            "(implement apply())",
+        )
+
     def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
-        """Restrict ``upstream`` (this query's copy of the retriever) to the nodes ``ctx`` may read."""
+        """0.2's entry point: restrict ``upstream`` to the nodes ``ctx`` may read (the ACL's restriction).
+
+        Kept for adapters and callers written against 0.2; it is :meth:`apply` with
+        ``self.acl.restriction(ctx)``. A restriction the store cannot state leaves ``upstream``
+        unrestricted (the final check still decides every node).
+        """
+        if type(self).apply is Pushdown.apply:
+            raise NotImplementedError(f"{type(self).__qualname__} implements neither apply() nor restrict()")
+        self.apply(upstream, self.acl.restriction(ctx), ctx)
+
+    def refuse(self, operator: str, why: str) -> bool:
+        """Decline this query's pushdown: one WARNING per retriever and ``operator``; returns ``False``.
+
+        For :meth:`apply`, when the store cannot state ``operator`` exactly or as a superset (a
+        guess could drop a node the ACL allows). ``why`` says which shape or value type, never a
+        value, an id or text.
+        """
+        cause = ("pushdown-refused", self.name, operator)
+        if cause not in self.seen:
+            self.seen.add(cause)
+            logger.warning(
+                "no pushdown into %s: it cannot state the %r operator of the %s ACL's restriction exactly or as a "
+                "superset (%s). The retrieval runs without pushdown and the ACL's final check decides every node "
+                "(denied nodes take top-k slots).",
+                self.name,
+                operator,
+                cast(str, getattr(self.acl, "engine", type(self.acl).__name__)),
+                why,
+            )
+        return False
 
     @classmethod
     def in_thread(cls, retriever: BaseRetriever) -> tuple[bool, str | None]:
@@ -195,6 +399,6 @@ async def retrieve_in_thread(
     """
     if warning is not None and not warned.is_set():
         warned.set()
-        logging.getLogger("llama_jev").warning(warning)  # the package logger DESIGN names for warnings
+        logger.warning(warning)
     context = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(None, context.run, retriever.retrieve, query_bundle)

@@ -16,9 +16,27 @@ type, so ``True`` does not match ``1``). Not exact, so the in-process ACL remove
 flag of the float ``1.0`` (Chroma compares numbers by value) and malformed grant values (numbers
 under a users or roles key), which the ACL denies and Chroma's ``where`` cannot tell apart.
 
+Any restriction (:func:`chroma_condition`), operator by operator, measured against Chroma 1.5:
+
+- ``equals``: ``$eq``, exact for a string, a boolean, an int and a float with an integral value
+  (Chroma compares numbers by value and never matches a list with ``$eq``); a float with a
+  fraction is a superset (Chroma also matches an int field with its integral part: ``1.5``
+  matches ``1``). ``in``: an OR of ``$eq`` (Chroma's ``$in`` wants values of one type).
+- ``list-contains``: ``$eq`` OR ``$contains``; ``intersects``: ``$in`` OR one ``$contains`` per
+  value; ``id-in`` with a key: ``$in`` on it. Exact (Chroma's arrays hold one type).
+- ``id-in`` without a key: the query's ``ids`` (Chroma's own ids are the node ids), as a term the
+  whole condition ANDs; inside an ``or`` / ``not`` it is refused (a ``where`` cannot read ids).
+- ``and`` / ``or``: ``$and`` / ``$or``; ``not``: pushed inward (De Morgan) down to ``$ne``,
+  ``$nin`` and ``$not_contains``, which Chroma reads as the exact negation (a missing key, a list
+  or another type is "not equal"), so a missing field under ``not`` is admitted, as ``evaluate``
+  admits it. Refused under ``not``: a float with a fraction (its ``$eq`` is a superset, so its
+  ``$ne`` would be a subset) and ``id-in`` without a key.
+- a key starting with ``$``: refused (Chroma would read it as an operator).
+
 A caller's filter this adapter cannot state exactly (``CONTAINS``, ``TEXT_MATCH``, ``NOT``, a key
 starting with ``$``, ...): no pushdown for that retriever, and one WARNING naming the filter's key
-and operator (never its value). The store's class is recognised by name, so ``llama_jev``
+and operator (never its value). A restriction it cannot state: no pushdown for that query, and
+one WARNING naming the operator. The store's class is recognised by name, so ``llama_jev``
 imports without the ``chroma`` extra.
 """
 
@@ -30,12 +48,43 @@ from typing import Any, ClassVar
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
+from llama_jev.acl.batch import BatchAcl
+from llama_jev.acl.conditions import (
+    And,
+    Condition,
+    Equals,
+    Everything,
+    IdIn,
+    In,
+    Intersects,
+    ListContains,
+    Not,
+    Or,
+    Restriction,
+    Unknown,
+)
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.errors import UntranslatableFilterError
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, vector_store_of
+from llama_jev.stores.base import (
+    CannotState,
+    KeyCensus,
+    Pushdown,
+    Seen,
+    checked_condition,
+    condition_of,
+    node_id_terms,
+    vector_store_of,
+)
 
-__all__ = ["ChromaPushdown", "UntranslatableFilterError", "chroma_where", "filters_where", "is_chroma"]
+__all__ = [
+    "ChromaPushdown",
+    "UntranslatableFilterError",
+    "chroma_condition",
+    "chroma_where",
+    "filters_where",
+    "is_chroma",
+]
 
 Where = dict[str, Any]
 """A Chroma ``where`` document."""
@@ -74,6 +123,8 @@ def is_chroma(retriever: BaseRetriever) -> bool:
 def chroma_where(acl: MetadataAcl, ctx: RuntimeContext) -> Where:
     """``acl`` for ``ctx`` as a Chroma ``where``: exact for string and list-of-string grants.
 
+    :meth:`MetadataAcl.condition` stated by :func:`chroma_condition`.
+
     Example::
 
         >>> acl = MetadataAcl(tenant_key="tenant", users_key="users")
@@ -81,27 +132,111 @@ def chroma_where(acl: MetadataAcl, ctx: RuntimeContext) -> Where:
         {'$and': [{'tenant': {'$eq': 'acme'}},
                   {'$or': [{'users': {'$eq': 'u1'}}, {'users': {'$contains': 'u1'}}]}]}
     """
-    terms = acl.terms(ctx)
-    if terms is None:
-        key = acl.keys[0]
-        return {"$and": [{key: {"$eq": _NOTHING_SENTINEL}}, {key: {"$ne": _NOTHING_SENTINEL}}]}
-    conditions: list[Where] = []
-    if acl.tenant_key is not None and terms.tenant is not None:
-        conditions.append({acl.tenant_key: {"$eq": terms.tenant}})
-    grants: list[Where] = []
+    condition = acl.condition(ctx)
+    if condition is None:
+        return _nothing(acl.keys[0])
+    return chroma_condition(condition)
+
+
+def chroma_condition(condition: Condition) -> Where:
+    """``condition`` as one Chroma ``where`` (see the module docstring for each operator).
+
+    ``{}`` when it admits every node (no ``where`` at all). ``IdIn`` without a key (node ids) is
+    not a ``where``: :class:`ChromaPushdown` states it as the query's ``ids``.
+
+    Raises:
+        CannotState (an ``UntranslatableFilterError``): what Chroma cannot state exactly or as a
+            superset (see the module docstring).
+
+    Example::
+
+        >>> chroma_condition(Not(ListContains("users", "u1")))
+        {'$and': [{'users': {'$ne': 'u1'}}, {'users': {'$not_contains': 'u1'}}]}
+    """
+    stated = _stated(checked_condition(condition), negated=False)
+    if stated is True:
+        return {}
+    if stated is False:
+        return _nothing(_NOTHING_KEY)
+    return stated
+
+
+# A where, or True / False: every node / none (folded away before Chroma sees them).
+_Stated = Where | bool
+_NOTHING_KEY = "llama_jev_match_nothing"
+
+
+def _nothing(key: str) -> Where:
+    return {"$and": [{key: {"$eq": _NOTHING_SENTINEL}}, {key: {"$ne": _NOTHING_SENTINEL}}]}
+
+
+def _stated(condition: Condition, *, negated: bool) -> _Stated:
+    """``condition`` (or its negation, pushed inward: Chroma's ``where`` has no ``$not``)."""
+    if isinstance(condition, Not):
+        return _stated(condition.term, negated=not negated)
+    if isinstance(condition, (And, Or)):
+        conjunction = isinstance(condition, And) != negated  # De Morgan
+        return _group([_stated(term, negated=negated) for term in condition.terms], conjunction)
+    if isinstance(condition, IdIn) and condition.key is None:
+        raise CannotState("id-in", "Chroma's where cannot read node ids: only as a term the whole condition ANDs")
+    assert condition.key is not None  # IdIn without a key is refused above
+    key = _key(condition.operator, condition.key)
+    if isinstance(condition, Equals):
+        return _equals(key, condition.value, negated=negated)
+    if isinstance(condition, In):
+        return _group([_equals(key, value, negated=negated) for value in condition.values], negated)
+    if isinstance(condition, ListContains):
+        return _strings(key, [condition.value], negated=negated, one=True)
+    if isinstance(condition, Intersects):
+        return _strings(key, list(condition.values), negated=negated, one=False)
+    if not condition.ids:
+        return negated
+    return {key: {"$nin" if negated else "$in": sorted(condition.ids)}}
+
+
+def _key(operator: str, key: str) -> str:
+    if key.startswith("$"):
+        raise CannotState(operator, "a metadata key starting with $, which Chroma reads as an operator")
+    return key
+
+
+def _equals(key: str, value: str | int | float | bool, *, negated: bool) -> Where:
+    if negated and isinstance(value, float) and not value.is_integer():
+        # Chroma matches an int field with a float's integral part ($eq 1.5 matches 1): a superset,
+        # so its negation would drop a node the condition admits.
+        raise CannotState("not", "a negated equals with a float value that has a fraction")
+    return {key: {"$ne" if negated else "$eq": value}}
+
+
+def _strings(key: str, values: list[str], *, negated: bool, one: bool) -> _Stated:
+    """``key`` is one of ``values`` or a list holding one (exact in both shapes), or its negation.
+
+    ``one``: a single value, compared with ``$eq`` / ``$ne``; else ``$in`` / ``$nin``.
+    """
+    if not values:
+        return negated
     # A scalar is matched by $eq / $in, a list of strings by $contains (never by $eq, and
     # $contains never matches inside a scalar string): both shapes, one condition each.
-    if acl.users_key is not None and terms.user is not None:
-        grants += [{acl.users_key: {"$eq": terms.user}}, {acl.users_key: {"$contains": terms.user}}]
-    if acl.roles_key is not None and terms.roles:
-        grants.append({acl.roles_key: {"$in": list(terms.roles)}})
-        grants += [{acl.roles_key: {"$contains": role}} for role in terms.roles]
-    if acl.public_key is not None:
-        # One $eq each: Chroma's $in wants values of one type, and it tells True from 1.
-        grants += [{acl.public_key: {"$eq": value}} for value in terms.public]
-    if grants:
-        conditions.append(_join("$or", grants))
-    return _join("$and", conditions)
+    scalar: Where = {
+        key: {("$ne" if negated else "$eq") if one else ("$nin" if negated else "$in"): values[0] if one else values}
+    }
+    listed = [{key: {"$not_contains" if negated else "$contains": value}} for value in values]
+    return _group([scalar, *listed], negated)
+
+
+def _group(parts: Sequence[_Stated], conjunction: bool) -> _Stated:
+    """``$and`` (``conjunction``) or ``$or`` of ``parts``, true and false folded, same-operator groups flattened."""
+    operator = "$and" if conjunction else "$or"
+    if (not conjunction) in parts:
+        return not conjunction  # False absorbs an AND, True an OR
+    flat: list[Where] = []
+    for part in parts:
+        if isinstance(part, bool):
+            continue  # the neutral element
+        flat.extend(part[operator] if set(part) == {operator} else [part])
+    if not flat:
+        return conjunction
+    return _join(operator, flat)
 
 
 def filters_where(filters: MetadataFilters | None) -> Where | None:
@@ -160,6 +295,18 @@ def _own_where(retriever: BaseRetriever) -> Where | None:
     return _join("$and", parts) if parts else None
 
 
+def _present(retriever: BaseRetriever, ids: frozenset[str] | set[str]) -> list[str]:
+    """The ``ids`` the collection holds: Chroma 1.5's query fails outright on an id it does not hold.
+
+    (``get`` does not, so it asks first: one round trip, ids only.)
+    """
+    if not ids:
+        return []
+    collection = vector_store_of(retriever)._collection
+    found: list[str] = collection.get(ids=sorted(ids), include=[])["ids"]
+    return sorted(found)
+
+
 def _kwargs_of(retriever: BaseRetriever) -> Mapping[str, Any]:
     kwargs: Mapping[str, Any] = getattr(retriever, "_kwargs", None) or {}
     return kwargs
@@ -170,9 +317,9 @@ class ChromaPushdown(Pushdown):
 
     name: ClassVar[str] = "chroma"
 
-    def __init__(self, retriever: BaseRetriever, acl: MetadataAcl, seen: Seen) -> None:
+    def __init__(self, retriever: BaseRetriever, acl: BatchAcl, seen: Seen) -> None:
         super().__init__(retriever, acl, seen)
-        if operators := [key for key in acl.keys if key.startswith("$")]:
+        if isinstance(acl, MetadataAcl) and (operators := [key for key in acl.keys if key.startswith("$")]):
             raise ValueError(
                 f"MetadataAcl key {operators[0]!r} cannot be pushed into Chroma, which reads a key starting with $ "
                 "as an operator: name the metadata key otherwise, or pass prefilter=False"
@@ -209,14 +356,36 @@ class ChromaPushdown(Pushdown):
             return str(error)
         return None
 
-    def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
-        acl_where = chroma_where(self.acl, ctx)
-        own = _own_where(self.retriever)
-        where = acl_where if own is None else {"$and": [acl_where, own]}
+    def apply(self, upstream: BaseRetriever, restriction: Restriction, ctx: RuntimeContext) -> bool:
+        """``restriction`` AND the caller's own filters as one ``where``; node ids as the query's ``ids``."""
+        if isinstance(restriction, (Unknown, Everything)):
+            return isinstance(restriction, Everything)
+        kwargs = dict(_kwargs_of(self.retriever))
+        try:
+            condition = condition_of(restriction)
+            ids, rest = (None, Or(())) if condition is None else node_id_terms(condition)
+            where = chroma_condition(rest)
+        except CannotState as refused:
+            return self.refuse(refused.operator, refused.why)
+        if ids is not None:
+            own = kwargs.get("ids")
+            admitted = _present(
+                self.retriever, ids if own is None else ids & set([own] if isinstance(own, str) else own)
+            )
+            if admitted:
+                kwargs["ids"] = admitted
+            else:
+                where = _nothing(_NOTHING_KEY)  # never ids=[]: not every Chroma version reads it as "none"
+        own_where = _own_where(self.retriever)
+        parts = [part for part in (where, own_where) if part]
         # The stock store refuses `where` beside `filters`: both are in `where` now. A new dict,
         # since the shallow copy shares the caller's.
         upstream._filters = None  # type: ignore[attr-defined]
-        upstream._kwargs = {**_kwargs_of(self.retriever), "where": where}  # type: ignore[attr-defined]
+        kwargs.pop("where", None)
+        if parts:
+            kwargs["where"] = parts[0] if len(parts) == 1 else {"$and": parts}
+        upstream._kwargs = kwargs  # type: ignore[attr-defined]
+        return True
 
     @classmethod
     def in_thread(cls, retriever: BaseRetriever) -> tuple[bool, str | None]:

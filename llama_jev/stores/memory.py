@@ -1,10 +1,12 @@
 """Pushdown into LlamaIndex's in-memory ``SimpleVectorStore``: a node-id restriction.
 
-That store rejects nested filters, so the ACL cannot be one filter for most configurations.
-Instead the ACL itself decides over the metadata the store keeps, and the retriever is asked
-for the readable ids only: exact for every configuration, and the caller's own flat
-``filters`` stay untouched. :func:`simple_filters` (also ``MetadataAcl.filters(ctx,
-store="simple")``) is the ACL as the flat filters this store reads, for querying it yourself.
+That store rejects nested filters, so a restriction cannot be one filter for most conditions.
+Instead the restriction is decided over the metadata the store keeps (``evaluate``, the
+condition language's reference meaning; a ``MetadataAcl``'s own rule for a ``MetadataAcl``),
+and the retriever is asked for the admitted ids only: exact for every operator and every
+restriction, and the caller's own flat ``filters`` and ``node_ids`` still apply.
+:func:`simple_filters` (also ``MetadataAcl.filters(ctx, store="simple")``) is the ACL as the
+flat filters this store reads, for querying it yourself.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
+from llama_jev.acl.batch import BatchAcl
+from llama_jev.acl.conditions import Everything, IdIn, Restriction, Unknown, evaluate
 from llama_jev.acl.diagnostics import warn_malformed
 from llama_jev.acl.rules import AclTerms, MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, Seen, acl_metadata_filters, vector_store_of
+from llama_jev.stores.base import KeyCensus, Pushdown, Seen, acl_metadata_filters, condition_of, vector_store_of
 
 __all__ = ["MemoryPushdown", "simple_filters"]
 
@@ -84,11 +88,15 @@ def _check_flat_expressible(acl: MetadataAcl) -> None:
 
 
 class MemoryPushdown(Pushdown):
-    """The ACL as the list of node ids the caller may read, for a retriever over ``SimpleVectorStore``."""
+    """The restriction as the list of node ids it admits, for a retriever over ``SimpleVectorStore``.
+
+    Exact for every operator: each node's stored metadata is read with ``evaluate``. A node the
+    store keeps no metadata for is kept (the final check decides).
+    """
 
     name: ClassVar[str] = "memory"
 
-    def __init__(self, retriever: BaseRetriever, acl: MetadataAcl, seen: Seen) -> None:
+    def __init__(self, retriever: BaseRetriever, acl: BatchAcl, seen: Seen) -> None:
         super().__init__(retriever, acl, seen)
         self._values_checked = False
 
@@ -119,14 +127,36 @@ class MemoryPushdown(Pushdown):
         # In memory: no I/O to wait for, and a thread would only add a hop.
         return cls.census(retriever, keys)
 
-    def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
-        upstream._node_ids = self.readable_ids(ctx)  # type: ignore[attr-defined]
+    def apply(self, upstream: BaseRetriever, restriction: Restriction, ctx: RuntimeContext) -> bool:
+        """``upstream`` searches only the ids, among its own, that ``restriction`` admits (exact)."""
+        if isinstance(restriction, (Unknown, Everything)):
+            return isinstance(restriction, Everything)
+        if isinstance(self.acl, MetadataAcl) and restriction == self.acl.restriction(ctx):
+            upstream._node_ids = self.readable_ids(ctx)  # type: ignore[attr-defined]
+            return True
+        # evaluate() is the reference meaning itself: any condition, any value, nothing to refuse.
+        condition = condition_of(restriction, checked=False)
+        store: SimpleVectorStore = vector_store_of(self.retriever)
+        metadata = store.data.metadata_dict
+        ids = _own_ids(self.retriever)
+        if condition is None:
+            admitted: list[str] = []
+        elif isinstance(condition, IdIn) and condition.key is None:
+            admitted = [node_id for node_id in ids if node_id in condition.ids]  # no metadata needed
+        else:
+            admitted = [
+                node_id for node_id in ids if node_id not in metadata or evaluate(condition, node_id, metadata[node_id])
+            ]
+        upstream._node_ids = admitted  # type: ignore[attr-defined]
+        return True
 
     def readable_ids(self, ctx: RuntimeContext) -> list[str]:
-        """The ids, among the retriever's own, that ``ctx`` may read.
+        """The ids, among the retriever's own, that ``ctx`` may read under this adapter's ``MetadataAcl``.
 
         An id the store holds no metadata for is kept: the post-filter decides.
         """
+        if not isinstance(self.acl, MetadataAcl):
+            raise TypeError(f"readable_ids needs a MetadataAcl, not the {self.acl.engine} ACL: use apply()")
         store: SimpleVectorStore = vector_store_of(self.retriever)
         metadata = store.data.metadata_dict
         ids = _own_ids(self.retriever)

@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 
+from llama_jev.acl.conditions import Everything, Restriction, Unknown
+from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores.base import KeyCensus, Pushdown, restrict_filters, vector_store_of
-from llama_jev.stores.postgres_sql import AclFilters, acl_filters
+from llama_jev.stores.base import CannotState, KeyCensus, Pushdown, condition_of, restrict_filters, vector_store_of
+from llama_jev.stores.postgres_sql import AclFilters, acl_filters, condition_filters
 
 if TYPE_CHECKING:
     from llama_jev.stores.postgres_store import AclPGVectorStore
 
-__all__ = ["AclFilters", "AclPGVectorStore", "PostgresPushdown", "acl_filters"]
+__all__ = ["AclFilters", "AclPGVectorStore", "PostgresPushdown", "acl_filters", "condition_filters"]
 
 _STORE_MODULE = "llama_jev.stores.postgres_store"
 
@@ -76,8 +78,23 @@ class PostgresPushdown(Pushdown):
             "(same constructor and from_params, no re-ingestion) to push it down as bound parameters."
         )
 
-    def restrict(self, upstream: BaseRetriever, ctx: RuntimeContext) -> None:
-        restrict_filters(self.retriever, upstream, acl_filters(self.acl, ctx))
+    def apply(self, upstream: BaseRetriever, restriction: Restriction, ctx: RuntimeContext) -> bool:
+        """``restriction`` as :class:`AclFilters` AND the caller's filters: exact for every operator.
+
+        A ``MetadataAcl``'s own restriction is its exact clause (:func:`acl_filters`, which also
+        denies malformed users / roles values); any other is :func:`condition_filters`.
+        """
+        if isinstance(restriction, (Unknown, Everything)):
+            return isinstance(restriction, Everything)
+        if isinstance(self.acl, MetadataAcl) and restriction == self.acl.restriction(ctx):
+            restrict_filters(self.retriever, upstream, acl_filters(self.acl, ctx))
+            return True
+        try:
+            filters = condition_filters(condition_of(restriction), ctx)
+        except CannotState as refused:
+            return self.refuse(refused.operator, refused.why)
+        restrict_filters(self.retriever, upstream, filters)
+        return True
 
     @classmethod
     def census(cls, retriever: BaseRetriever, keys: Sequence[str]) -> KeyCensus | None:

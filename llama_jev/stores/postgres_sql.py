@@ -1,5 +1,14 @@
-"""SQL for PostgreSQL + pgvector: ``MetadataAcl.allows`` and LlamaIndex filters as bound expressions,
-and :class:`AclFilters`, which carry one caller's ACL inside a query to ``AclPGVectorStore``.
+"""SQL for PostgreSQL + pgvector: ``MetadataAcl.allows``, any condition and LlamaIndex filters as bound
+expressions, and :class:`AclFilters`, which carry one caller's ACL (or restriction) inside a query to
+``AclPGVectorStore``.
+
+A condition (:func:`condition_clause`) is stated exactly, operator by operator, as ``evaluate``
+reads it: ``equals`` a string as a JSON string equal to it, a number or a boolean as JSONB
+equality (JSON types kept apart, ``1`` equal to ``1.0``); ``in`` an OR of those;
+``list-contains`` / ``intersects`` a string or an array of strings only, holding a value
+(``?|``); ``id-in`` without a key the table's ``node_id`` column, with a key a JSON string in the
+list; ``and`` / ``or`` as SQL's; ``not`` as ``IS NOT TRUE``, so a missing field (SQL ``NULL``)
+reads as false under it too and its negation admits the node, as ``evaluate`` does.
 
 Every key and value is a bound parameter of a SQLAlchemy expression; nothing a caller, a filter
 or the stored data holds is ever pasted into the SQL text. The expressions read the
@@ -16,14 +25,35 @@ from typing import Any
 
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
-from sqlalchemy import Float, and_, cast, exists, false, func, literal, or_, select, true
+from sqlalchemy import Float, and_, case, cast, exists, false, func, literal, or_, select, true
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, JSONPATH, TEXT
 from sqlalchemy.sql.elements import ColumnElement
 
+from llama_jev.acl.conditions import (
+    And,
+    Condition,
+    Conditional,
+    Equals,
+    IdIn,
+    In,
+    ListContains,
+    Not,
+    Or,
+    Scalar,
+)
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
+from llama_jev.stores.base import checked_condition
 
-__all__ = ["AclFilters", "acl_clause", "acl_filters", "filter_clause", "key_present"]
+__all__ = [
+    "AclFilters",
+    "acl_clause",
+    "acl_filters",
+    "condition_clause",
+    "condition_filters",
+    "filter_clause",
+    "key_present",
+]
 
 # A value no metadata field holds: with IS_EMPTY on the same key, a condition no row satisfies.
 _NOTHING_SENTINEL = "llama_jev:match-nothing"
@@ -43,26 +73,35 @@ _COMPARISONS: dict[FilterOperator, str] = {
 
 
 class AclFilters(MetadataFilters):
-    """``MetadataFilters`` carrying one caller's :class:`MetadataAcl` to an ``AclPGVectorStore``.
+    """``MetadataFilters`` carrying one caller's :class:`MetadataAcl` (or any condition) to an ``AclPGVectorStore``.
 
     Put them in a query's ``filters`` (alone or AND-ed with your own) and ``AclPGVectorStore``
-    writes the ACL into that query's SQL as bound parameters. The visible ``filters`` match no
-    node on any store, so handed to a store that does not know them they return nothing, never
-    everything. Build them with :func:`acl_filters`.
+    writes the ACL into that query's SQL as bound parameters (``acl_clause(column, filters.acl,
+    filters.ctx, ...)``). The visible ``filters`` match no node on any store, so handed to a store
+    that does not know them they return nothing, never everything. Build them with
+    :func:`acl_filters` (a ``MetadataAcl``) or :func:`condition_filters` (an engine's condition).
     """
 
-    _acl: MetadataAcl = PrivateAttr()
+    _acl: MetadataAcl | Conditional = PrivateAttr()
     _ctx: RuntimeContext = PrivateAttr()
 
     @property
-    def acl(self) -> MetadataAcl:
-        """The ACL to apply."""
+    def acl(self) -> MetadataAcl | Conditional:
+        """The ACL to apply: a ``MetadataAcl``, or an engine's restriction as a ``Conditional``."""
         return self._acl
 
     @property
     def ctx(self) -> RuntimeContext:
         """The caller it is applied for."""
         return self._ctx
+
+    @property
+    def restriction_condition(self) -> Condition | None:
+        """What the SQL states, as a condition (``None``: no row), e.g. for a planner estimating its size.
+
+        For a ``MetadataAcl`` a superset: its SQL also denies malformed users / roles values.
+        """
+        return self._acl.condition if isinstance(self._acl, Conditional) else self._acl.condition(self._ctx)
 
 
 def acl_filters(acl: MetadataAcl, ctx: RuntimeContext) -> AclFilters:
@@ -78,7 +117,29 @@ def acl_filters(acl: MetadataAcl, ctx: RuntimeContext) -> AclFilters:
         raise TypeError(f"acl must be a MetadataAcl, not {type(acl).__name__}")
     if not isinstance(ctx, RuntimeContext):
         raise TypeError(f"ctx must be a RuntimeContext, not {type(ctx).__name__}")
-    key = acl.keys[0]
+    return _carrying(acl, ctx, acl.keys[0])
+
+
+def condition_filters(condition: Condition | None, ctx: RuntimeContext) -> AclFilters:
+    """``condition`` (an engine's restriction; ``None``: no node) as filters for an ``AclPGVectorStore`` query.
+
+    ``JevRetriever`` does this for an ACL that is not a ``MetadataAcl``; the store states it with
+    :func:`condition_clause`, every value bound.
+
+    Raises:
+        CannotState: a value no store can compare (a list, ``None``, NaN), before any query runs.
+
+    Example::
+
+        retriever = index.as_retriever(similarity_top_k=5, filters=condition_filters(Equals("team", "red"), ctx))
+    """
+    if not isinstance(ctx, RuntimeContext):
+        raise TypeError(f"ctx must be a RuntimeContext, not {type(ctx).__name__}")
+    stated = Conditional(Or(()) if condition is None else checked_condition(condition))
+    return _carrying(stated, ctx, "llama_jev_match_nothing")
+
+
+def _carrying(acl: MetadataAcl | Conditional, ctx: RuntimeContext, key: str) -> AclFilters:
     restriction = AclFilters(
         filters=[
             MetadataFilter(key=key, operator=FilterOperator.IS_EMPTY, value=None),
@@ -124,8 +185,11 @@ def _text_array(values: list[str]) -> Any:
     return cast(literal(values, ARRAY(TEXT)), ARRAY(TEXT))
 
 
-def acl_clause(column: Any, acl: MetadataAcl, ctx: RuntimeContext, *, jsonb: bool) -> ColumnElement[bool]:
+def acl_clause(column: Any, acl: MetadataAcl | Conditional, ctx: RuntimeContext, *, jsonb: bool) -> ColumnElement[bool]:
     """``acl.allows(ctx, metadata)`` as one SQL condition over the ``metadata_`` ``column``.
+
+    (A ``Conditional``, what :func:`condition_filters` carries, is :func:`condition_clause` of its
+    condition.)
 
     True exactly for the rows ``MetadataAcl.allows`` admits, for every stored value, well-formed
     or not (the metadata is read as LlamaIndex reads it back: JSON's own types):
@@ -147,6 +211,8 @@ def acl_clause(column: Any, acl: MetadataAcl, ctx: RuntimeContext, *, jsonb: boo
     every operator parses again, so the rest of the checks read it once, converted to ``JSONB``
     in a subquery the planner may not inline (``OFFSET 0``).
     """
+    if isinstance(acl, Conditional):
+        return condition_clause(column, acl.condition, jsonb=jsonb)
     if acl.tenant_key is not None and ctx.tenant_id is None:
         return false()
     tenant = (
@@ -207,6 +273,83 @@ def _acl_conditions(document: Any, raw: Any, acl: MetadataAcl, ctx: RuntimeConte
         )
     conditions.append(or_(*grants) if grants else false())
     return and_(*conditions)
+
+
+def condition_clause(column: Any, condition: Condition | None, *, jsonb: bool) -> ColumnElement[bool]:
+    """``condition`` (``None``: no row) as one SQL condition over the ``metadata_`` ``column`` (and ``node_id``).
+
+    Exact for every operator and every stored value: a row satisfies it exactly when
+    ``evaluate(condition, node_id, metadata)`` holds for the metadata as LlamaIndex reads it back
+    (see the module docstring). Keys and values are bound parameters. As in :func:`acl_clause`,
+    each string ``equals`` the whole condition ANDs is also compared as ``metadata_ ->> key``
+    outside the rest (the expression an index on that key is built on), and a ``JSON`` column is
+    read once, converted to ``JSONB`` in a subquery the planner may not inline.
+
+    Raises:
+        CannotState: a value no store can compare (a list, ``None``, NaN).
+
+    Example::
+
+        store_query_filter = condition_clause(table.c.metadata_, Equals("tenant", "acme"), jsonb=True)
+    """
+    if condition is None:
+        return false()
+    checked_condition(condition)
+    terms = condition.terms if isinstance(condition, And) else (condition,)
+    hoisted = [
+        _Field(column, term.key, jsonb).text == literal(term.value, TEXT)
+        for term in terms
+        if isinstance(term, Equals) and isinstance(term.value, str)
+    ]
+    table = column.table
+    if jsonb:
+        return and_(*hoisted, _stated(column, condition, table))
+    # Correlated to the query's own table: the subquery reads the outer row, never scans the table.
+    parsed = select(cast(column, JSONB).label("metadata")).correlate(table).offset(0).subquery("condition_row")
+    checks = select(literal(1)).select_from(parsed).where(_stated(parsed.c.metadata, condition, table))
+    return and_(*hoisted, exists(checks))
+
+
+def _stated(document: Any, condition: Condition, table: Any) -> ColumnElement[bool]:
+    """``condition`` over ``document``, the row's metadata as ``JSONB`` (never SQL ``NULL`` where it matters)."""
+    if isinstance(condition, And):
+        return and_(true(), *(_stated(document, term, table) for term in condition.terms))
+    if isinstance(condition, Or):
+        return or_(false(), *(_stated(document, term, table) for term in condition.terms))
+    if isinstance(condition, Not):
+        # A missing field makes the term NULL, which WHERE reads as false; NOT NULL would be NULL
+        # too, so the negation is IS NOT TRUE: the node evaluate admits is admitted.
+        return _condition(_stated(document, condition.term, table).is_not(true()))
+    if isinstance(condition, IdIn) and condition.key is None:
+        return _condition(table.c.node_id.in_(sorted(condition.ids))) if condition.ids else false()
+    assert condition.key is not None
+    field = _Field(document, condition.key, jsonb=True)
+    if isinstance(condition, Equals):
+        return _equals(field, condition.value)
+    if isinstance(condition, In):
+        return or_(false(), *(_equals(field, value) for value in condition.values))
+    if isinstance(condition, IdIn):
+        if not condition.ids:
+            return false()
+        return and_(field.kind == "string", field.text.in_(sorted(condition.ids)))
+    values = [condition.value] if isinstance(condition, ListContains) else list(condition.values)
+    if not values:
+        return false()
+    # The shape acl_clause's grants have: `?|` asks whether any value is the string itself or a
+    # string element of the array; an array holding anything but strings holds nothing.
+    strings_only = case(
+        (field.kind == "array", ~func.jsonb_path_exists(field.raw, cast(literal(_NON_STRING_ELEMENT, TEXT), JSONPATH))),
+        else_=true(),
+    )
+    return and_(field.kind.in_(("string", "array")), field.raw.op("?|")(_text_array(values)), strings_only)
+
+
+def _equals(field: _Field, value: Scalar) -> ColumnElement[bool]:
+    if isinstance(value, str):
+        return and_(field.kind == "string", field.text == literal(value, TEXT))
+    # JSONB equality keeps JSON's types apart (true is not 1, "1" is not 1) and compares numbers
+    # by value (1 equals 1.0), as evaluate does.
+    return _condition(field.raw == cast(literal(json.dumps(value), TEXT), JSONB))
 
 
 def filter_clause(column: Any, filter_: MetadataFilter) -> ColumnElement[bool]:

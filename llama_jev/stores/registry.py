@@ -11,7 +11,8 @@ import threading
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from llama_jev.acl.rules import Acl, MetadataAcl
+from llama_jev.acl.batch import BatchAcl, CallableAcl, batch_acl
+from llama_jev.acl.rules import Acl
 from llama_jev.stores.base import Pushdown, Seen, retrieve_in_thread
 from llama_jev.stores.chroma import ChromaPushdown
 from llama_jev.stores.memory import MemoryPushdown
@@ -43,9 +44,11 @@ def register(adapter: type[Pushdown]) -> type[Pushdown]:
     """
     if not (isinstance(adapter, type) and issubclass(adapter, Pushdown)):
         raise TypeError(f"register() takes a Pushdown subclass, not {adapter!r}")
-    if getattr(adapter, "__abstractmethods__", None):
-        missing = ", ".join(sorted(adapter.__abstractmethods__))
-        raise TypeError(f"{adapter.__qualname__} does not implement {missing}: it cannot push an ACL down")
+    missing = sorted(getattr(adapter, "__abstractmethods__", ()))
+    if not adapter.implements():
+        missing.append("restrict (or apply)")
+    if missing:
+        raise TypeError(f"{adapter.__qualname__} does not implement {', '.join(missing)}: it cannot push an ACL down")
     name = getattr(adapter, "name", None)
     if not isinstance(name, str) or not name.strip():
         raise TypeError(f"{adapter.__qualname__} needs a class attribute name (the store's name in messages)")
@@ -79,16 +82,20 @@ def advice_for(retriever: BaseRetriever) -> str | None:
     return next((advice for adapter in adapters() if (advice := adapter.advice(retriever)) is not None), None)
 
 
-def pushdown_for(retriever: BaseRetriever, acl: Acl, seen: Seen) -> Pushdown:
-    """The pushdown of ``acl`` into ``retriever``'s store.
+def pushdown_for(retriever: BaseRetriever, acl: BatchAcl | Acl, seen: Seen) -> Pushdown:
+    """The pushdown of ``acl`` (a ``MetadataAcl`` or an engine's :class:`BatchAcl`) into ``retriever``'s store.
 
     Raises:
-        TypeError: ``acl`` is not a :class:`MetadataAcl` (only a declarative ACL can be pushed
-            into a store), or no adapter speaks this retriever's store.
+        TypeError: ``acl`` is a plain callable (a function cannot be stated as a store filter;
+            only an ACL that says its restriction can be pushed down), or no adapter speaks this
+            retriever's store.
         ValueError: the store cannot express this ACL's configuration.
     """
-    if not isinstance(acl, MetadataAcl):
-        raise TypeError("prefilter needs a MetadataAcl: only a declarative ACL can be pushed into a store")
+    if isinstance(batch_acl(acl), CallableAcl):
+        raise TypeError(
+            "prefilter needs a MetadataAcl (or an engine's BatchAcl, such as CerbosAcl): only an ACL that states "
+            "its restriction can be pushed into a store"
+        )
     adapter = adapter_for(retriever)
     if adapter is None:
         names = ", ".join(adapter.name for adapter in adapters())
@@ -101,7 +108,7 @@ def pushdown_for(retriever: BaseRetriever, acl: Acl, seen: Seen) -> Pushdown:
                 else "(pass your own filters to the wrapped retriever, the ACL still checks every node)"
             )
         )
-    return adapter(retriever, acl, seen)
+    return adapter(retriever, batch_acl(acl), seen)
 
 
 async def aretrieve(

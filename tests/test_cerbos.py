@@ -59,18 +59,25 @@ def acl(url: str) -> Iterator[CerbosAcl]:
 
 
 def oracle(pdp: Any, ctx: RuntimeContext, nodes: list[Any]) -> set[str]:
-    """What the PDP allows, asked through the SDK directly, one CheckResources call per node."""
+    """What the PDP allows, asked through the official SDK's own client (not ours), 50 nodes a call."""
     from cerbos.sdk.client import CerbosClient
-    from cerbos.sdk.model import Principal, Resource
+    from cerbos.sdk.model import Principal, Resource, ResourceList
 
     attributes = {**ctx.attributes, **({"tenant": ctx.tenant_id} if ctx.tenant_id else {})}
     principal = Principal(ctx.user_id, roles=set(ctx.roles or {"user"}), attr=attributes)
-    with CerbosClient(pdp.url) as client:
-        return {
-            item.node_id
-            for item in nodes
-            if client.is_allowed("view", principal, Resource(item.node_id, "document", attr=dict(item.metadata)))
-        }
+    allowed = set()
+    with CerbosClient(pdp.url, timeout_secs=30) as client:
+        for start in range(0, len(nodes), 50):
+            asked = ResourceList()
+            for item in nodes[start : start + 50]:
+                asked.add(Resource(item.node_id, "document", attr=dict(item.metadata)), {"view"})
+            answer = client.check_resources(principal, asked).raise_if_failed()
+            for item in nodes[start : start + 50]:
+                result = answer.get_resource(item.node_id)
+                assert result is not None
+                if result.is_allowed("view"):
+                    allowed.add(item.node_id)
+    return allowed
 
 
 # -- restriction: the plan's kinds ------------------------------------------------------------------

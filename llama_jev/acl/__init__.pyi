@@ -15,6 +15,9 @@ from llama_jev.acl.batch import (
 from llama_jev.acl.batch import (
     checked_allowed as checked_allowed,
 )
+from llama_jev.acl.cerbos import (
+    CerbosAcl as CerbosAcl,
+)
 from llama_jev.acl.conditions import (
     And as And,
 )

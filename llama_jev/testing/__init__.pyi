@@ -1,6 +1,13 @@
 """Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
-``HashEmbedding``, a throwaway PostgreSQL + pgvector, a throwaway Chroma server and SpiceDB."""
+``HashEmbedding``, a throwaway PostgreSQL + pgvector, a throwaway Chroma server, a throwaway
+Cerbos PDP and SpiceDB."""
 
+from llama_jev.testing.cerbos import (
+    CerbosServer as CerbosServer,
+)
+from llama_jev.testing.cerbos import (
+    cerbos_server as cerbos_server,
+)
 from llama_jev.testing.chroma import (
     ChromaServer as ChromaServer,
 )

@@ -1,0 +1,286 @@
+"""The thin I/O edge of ``CerbosAcl``: the PDP's HTTP API (httpx) or its gRPC API (the official SDK), sync and async.
+
+Each transport takes and gives the PDP's JSON shapes (:mod:`llama_jev.acl.cerbos_wire`), so what
+is asked and how the answer is read is written once. Every failure becomes a
+:class:`~llama_jev.errors.PermissionsUnavailableError` here (``UNREACHABLE``, ``TIMEOUT``,
+``REFUSED``, ``INVALID_RESPONSE``), with no identity value, id or PDP message in it (a PDP's
+message may quote the request).
+
+``url`` picks the transport: ``http://host:port`` / ``https://...`` is the PDP's HTTP JSON API
+(httpx, no extra needed), ``host:port`` (or ``grpc://host:port``) its gRPC API (plaintext, through
+the ``cerbos`` SDK's generated stub and protobuf messages: the ``cerbos`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import ssl
+import uuid
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import httpx
+
+from llama_jev.core.errors import PermissionsUnavailableError
+
+__all__ = ["AsyncTransport", "Transport", "async_transport", "failures", "is_http", "transport"]
+
+Json = dict[str, Any]
+ENGINE = "cerbos"
+
+
+def is_http(url: str) -> bool:
+    """Whether ``url`` names the PDP's HTTP API (a scheme of http or https) rather than its gRPC one."""
+    return url.startswith(("http://", "https://"))
+
+
+def _grpc_target(url: str) -> str:
+    return url.removeprefix("grpc://")
+
+
+def _error(message: str, reason: str, *, retryable: bool = False) -> PermissionsUnavailableError:
+    return PermissionsUnavailableError(f"Cerbos PDP: {message}", engine=ENGINE, reason=reason, retryable=retryable)
+
+
+def _status(code: int) -> PermissionsUnavailableError:
+    if code >= 500:
+        return _error(f"HTTP {code} from the PDP; try again", "UNREACHABLE", retryable=True)
+    return _error(f"HTTP {code}: the PDP refused the request (check the policy, limits and schemas)", "REFUSED")
+
+
+@contextlib.contextmanager
+def failures(what: str) -> Iterator[None]:
+    """Turn whatever a call to the PDP raises into a ``PermissionsUnavailableError`` (fail closed)."""
+    try:
+        yield
+    except PermissionsUnavailableError:
+        raise
+    except Exception as error:
+        raise _classify(error, what) from error
+
+
+def _classify(error: Exception, what: str) -> PermissionsUnavailableError:
+    if isinstance(error, httpx.TimeoutException):
+        return _error(f"no answer to {what} in time", "TIMEOUT", retryable=True)
+    if isinstance(error, httpx.TransportError):
+        return _error(f"cannot reach the PDP for {what} ({type(error).__name__})", "UNREACHABLE", retryable=True)
+    # A grpc.RpcError (sync or aio) carries its status as .code(); read by name, so this module
+    # needs no grpc import (and no grpc stubs for the type checker).
+    code = getattr(error, "code", None)
+    name = getattr(code(), "name", None) if type(error).__module__.startswith("grpc") and callable(code) else None
+    if name == "DEADLINE_EXCEEDED":
+        return _error(f"no answer to {what} in time", "TIMEOUT", retryable=True)
+    if name in ("UNAVAILABLE", "CANCELLED"):
+        return _error(f"cannot reach the PDP for {what} (gRPC {name})", "UNREACHABLE", retryable=True)
+    if name is not None:
+        return _error(f"gRPC {name}: the PDP refused {what} (check the policy, limits and schemas)", "REFUSED")
+    return _error(f"the answer to {what} cannot be read ({type(error).__name__})", "INVALID_RESPONSE")
+
+
+def _message(message: Any) -> Json:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(message)
+
+
+def _plan_body(principal: Json, kind: str, action: str) -> Json:
+    return {"requestId": str(uuid.uuid4()), "actions": [action], "principal": principal, "resource": {"kind": kind}}
+
+
+def _check_body(principal: Json, resources: list[Json], action: str) -> Json:
+    entries = [{"actions": [action], "resource": resource} for resource in resources]
+    return {"requestId": str(uuid.uuid4()), "principal": principal, "resources": entries}
+
+
+def _answer(response: httpx.Response) -> Json:
+    """The PDP's JSON answer; an error status or a body that is not a JSON object fails closed."""
+    if response.status_code != 200:
+        raise _status(response.status_code)
+    answer = response.json()
+    if not isinstance(answer, dict):
+        raise _error("the answer is not a JSON object", "INVALID_RESPONSE")
+    return answer
+
+
+@functools.lru_cache(maxsize=1)
+def _tls() -> ssl.SSLContext:
+    # Built once: a client made per async call would otherwise load the CA bundle every time.
+    return ssl.create_default_context()
+
+
+def _http_options(url: str, timeout: float) -> dict[str, Any]:
+    # An http:// PDP uses no TLS, so no context is built for it.
+    return {"base_url": url, "timeout": timeout, "verify": _tls() if url.startswith("https://") else False}
+
+
+def _fields(attributes: Json) -> Any:
+    """Attributes as a protobuf ``map<string, Value>`` (Struct's own conversion: 2.7x faster than ParseDict)."""
+    from google.protobuf import struct_pb2
+
+    struct = struct_pb2.Struct()
+    struct.update(attributes)
+    return struct.fields
+
+
+def _grpc_messages(principal: Json, resources: list[Json] | None, kind: str, action: str) -> tuple[Any, Any]:
+    from cerbos.engine.v1 import engine_pb2
+    from cerbos.request.v1 import request_pb2
+
+    who = engine_pb2.Principal(id=principal["id"], roles=principal["roles"], attr=_fields(principal["attr"]))
+    if resources is None:
+        return who, engine_pb2.PlanResourcesInput.Resource(kind=kind)
+    entries = [
+        request_pb2.CheckResourcesRequest.ResourceEntry(
+            actions=[action],
+            resource=engine_pb2.Resource(kind=kind, id=resource["id"], attr=_fields(resource["attr"])),
+        )
+        for resource in resources
+    ]
+    return who, entries
+
+
+def _check_answer(message: Any) -> Json:
+    """A CheckResources reply as the JSON shape ``allowed_ids`` reads: only what it reads, without MessageToDict."""
+    from cerbos.effect.v1 import effect_pb2
+
+    name = effect_pb2.Effect.Name  # an effect number it does not know is a ValueError: unreadable
+    return {
+        "results": [
+            {
+                "resource": {"id": result.resource.id},
+                "actions": {action: name(effect) for action, effect in result.actions.items()},
+                "validationErrors": [{}] * len(result.validation_errors),
+            }
+            for result in message.results
+        ]
+    }
+
+
+class Transport(Protocol):
+    """One PDP connection, sync: PlanResources and CheckResources in the PDP's JSON shapes."""
+
+    def plan(self, principal: Json, kind: str, action: str) -> Json: ...
+    def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json: ...
+    def close(self) -> None: ...
+
+
+class AsyncTransport(Protocol):
+    """The async :class:`Transport`."""
+
+    async def plan(self, principal: Json, kind: str, action: str) -> Json: ...
+    async def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json: ...
+    async def close(self) -> None: ...
+
+
+class _Http:
+    # The PDP's JSON API through httpx (a core dependency): the official SDK's HTTP client spent
+    # about 70 % of each call in dataclasses-json (measured here: 26 ms against 3 ms per call).
+    def __init__(self, url: str, timeout: float) -> None:
+        self.client = httpx.Client(**_http_options(url, timeout))
+
+    def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            return _answer(self.client.post("/api/plan/resources", json=_plan_body(principal, kind, action)))
+
+    def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            return _answer(self.client.post("/api/check/resources", json=_check_body(principal, resources, action)))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _grpc() -> Any:
+    # grpcio ships without type stubs; held as Any at this edge.
+    return importlib.import_module("grpc")
+
+
+def _stub(channel: Any) -> Any:
+    stubs: Any = importlib.import_module("cerbos.svc.v1.svc_pb2_grpc")  # generated, untyped
+    return stubs.CerbosServiceStub(channel)
+
+
+def _plan_request(principal: Any, resource: Any, action: str) -> Any:
+    from cerbos.request.v1 import request_pb2
+
+    return request_pb2.PlanResourcesRequest(
+        request_id=str(uuid.uuid4()), action=action, principal=principal, resource=resource
+    )
+
+
+def _check_request(principal: Any, entries: Any) -> Any:
+    from cerbos.request.v1 import request_pb2
+
+    return request_pb2.CheckResourcesRequest(request_id=str(uuid.uuid4()), principal=principal, resources=entries)
+
+
+class _Grpc:
+    # The SDK's own gRPC client sets its timeout through the channel's service config, which
+    # failed every call at once for timeouts under 2 s here (cerbos 0.16.1, grpcio 1.7x); the
+    # SDK's generated stub with a deadline per call does not.
+    def __init__(self, url: str, timeout: float) -> None:
+        self.channel = _grpc().insecure_channel(_grpc_target(url))
+        self.stub = _stub(self.channel)
+        self.timeout = timeout
+
+    def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            who, what = _grpc_messages(principal, None, kind, action)
+            return _message(self.stub.PlanResources(_plan_request(who, what, action), timeout=self.timeout))
+
+    def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            who, what = _grpc_messages(principal, resources, kind, action)
+            return _check_answer(self.stub.CheckResources(_check_request(who, what), timeout=self.timeout))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class _AsyncHttp:
+    def __init__(self, url: str, timeout: float) -> None:
+        self.client = httpx.AsyncClient(**_http_options(url, timeout))
+
+    async def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            return _answer(await self.client.post("/api/plan/resources", json=_plan_body(principal, kind, action)))
+
+    async def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            body = _check_body(principal, resources, action)
+            return _answer(await self.client.post("/api/check/resources", json=body))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class _AsyncGrpc:
+    def __init__(self, url: str, timeout: float) -> None:
+        self.channel = _grpc().aio.insecure_channel(_grpc_target(url))
+        self.stub = _stub(self.channel)
+        self.timeout = timeout
+
+    async def plan(self, principal: Json, kind: str, action: str) -> Json:
+        with failures("PlanResources"):
+            who, what = _grpc_messages(principal, None, kind, action)
+            return _message(await self.stub.PlanResources(_plan_request(who, what, action), timeout=self.timeout))
+
+    async def check(self, principal: Json, resources: list[Json], kind: str, action: str) -> Json:
+        with failures("CheckResources"):
+            who, what = _grpc_messages(principal, resources, kind, action)
+            return _check_answer(await self.stub.CheckResources(_check_request(who, what), timeout=self.timeout))
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def transport(url: str, timeout: float) -> Transport:
+    """A sync connection to the PDP at ``url`` (HTTP or gRPC, see the module docstring)."""
+    return _Http(url, timeout) if is_http(url) else _Grpc(url, timeout)
+
+
+def async_transport(url: str, timeout: float) -> AsyncTransport:
+    """An async connection to the PDP at ``url``; bound to the running event loop, so made per call."""
+    return _AsyncHttp(url, timeout) if is_http(url) else _AsyncGrpc(url, timeout)

@@ -96,7 +96,14 @@ def test_a_caller_without_a_tenant_is_restricted_to_nothing() -> None:
 def test_a_string_grant_is_one_entry_never_a_substring() -> None:
     assert evaluate(ListContains("users", "u1"), "n", {"users": "u1"})
     assert not evaluate(ListContains("users", "u1"), "n", {"users": "u10"})
-    assert not evaluate(Intersects("roles", ("a",)), "n", {"roles": ["a", 1]})
+    assert not evaluate(ListContains("users", "1"), "n", {"users": 1})
+
+
+def test_a_list_mixing_strings_with_other_values_holds_its_strings_as_an_engine_reads_it() -> None:
+    # Cerbos's `"a" in R.attr.roles` finds "a" in ["a", 1]: a store must not drop such a node.
+    assert evaluate(Intersects("roles", ("a",)), "n", {"roles": ["a", 1]})
+    assert evaluate(ListContains("users", "u1"), "n", {"users": ["u1", 5, None]})
+    assert not evaluate(ListContains("users", "u1"), "n", {"users": [5, {"u1": 1}]})
 
 
 def test_equality_is_type_exact() -> None:

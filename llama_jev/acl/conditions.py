@@ -68,11 +68,16 @@ def _same(stored: Any, value: Scalar) -> bool:
 
 
 def _strings(stored: Any) -> frozenset[str] | None:
-    """A string or a list of strings as a set; anything else (a number, a dict, a mixed list) is ``None``."""
+    """A string, or a list's string elements, as a set; anything else (a number, a dict) is ``None``.
+
+    A list's other elements are passed over rather than spoiling the list: an engine's own check
+    (Cerbos's ``"u1" in R.attr.users``) finds ``"u1"`` in ``["u1", 5]``, and a store filter may
+    never drop a node the engine allows. ``MetadataAcl`` denies such a list in its own final check.
+    """
     if isinstance(stored, str):
         return frozenset((stored,))
-    if isinstance(stored, (list, tuple)) and all(isinstance(item, str) for item in stored):
-        return frozenset(stored)
+    if isinstance(stored, (list, tuple)):
+        return frozenset(item for item in stored if isinstance(item, str))
     return None
 
 
@@ -96,10 +101,10 @@ class In:
 
 @dataclass(frozen=True)
 class ListContains:
-    """``metadata[key]`` holds ``value``: a list of strings containing it, or the string itself.
+    """``metadata[key]`` holds ``value``: a list with it as an element, or the string itself.
 
-    A string field is one entry (``"u1"`` holds ``"u1"``, never ``"u10"``); a list holding a
-    non-string, or any other type, holds nothing.
+    A string field is one entry (``"u1"`` holds ``"u1"``, never ``"u10"``); a list's non-string
+    elements are passed over (``["u1", 5]`` holds ``"u1"``); any other type holds nothing.
     """
 
     key: str
@@ -109,7 +114,7 @@ class ListContains:
 
 @dataclass(frozen=True)
 class Intersects:
-    """``metadata[key]`` (a string or a list of strings) shares an element with ``values``."""
+    """``metadata[key]`` (a string, or a list's string elements) shares an element with ``values``."""
 
     key: str
     values: tuple[str, ...]

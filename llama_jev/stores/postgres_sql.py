@@ -25,7 +25,7 @@ from typing import Any
 
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
-from sqlalchemy import Float, and_, case, cast, exists, false, func, literal, or_, select, true
+from sqlalchemy import Float, and_, cast, exists, false, func, literal, or_, select, true
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, JSONPATH, TEXT
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -336,12 +336,8 @@ def _stated(document: Any, condition: Condition, table: Any) -> ColumnElement[bo
     if not values:
         return false()
     # The shape acl_clause's grants have: `?|` asks whether any value is the string itself or a
-    # string element of the array; an array holding anything but strings holds nothing.
-    strings_only = case(
-        (field.kind == "array", ~func.jsonb_path_exists(field.raw, cast(literal(_NON_STRING_ELEMENT, TEXT), JSONPATH))),
-        else_=true(),
-    )
-    return and_(field.kind.in_(("string", "array")), field.raw.op("?|")(_text_array(values)), strings_only)
+    # string element of the array (other elements are passed over, as evaluate() and the engines do).
+    return and_(field.kind.in_(("string", "array")), field.raw.op("?|")(_text_array(values)))
 
 
 def _equals(field: _Field, value: Scalar) -> ColumnElement[bool]:

@@ -31,10 +31,27 @@ from pathlib import Path
 
 from llama_jev.testing.npm import BinaryUnavailableError, linux_cpu, npm_binary
 
-__all__ = ["CERBOS_VERSION", "BinaryUnavailableError", "CerbosServer", "cerbos_binary", "cerbos_server"]
+__all__ = [
+    "CERBOS_VERSION",
+    "PUBLISHED_CPUS",
+    "BinaryUnavailableError",
+    "CerbosServer",
+    "cerbos_binary",
+    "cerbos_published",
+    "cerbos_server",
+]
 
 CERBOS_VERSION = "0.55.0"
 """The PDP version the tests and docs are measured with."""
+
+
+PUBLISHED_CPUS: tuple[str, ...] = ("x64",)
+"""The CPUs the npm registry has a Cerbos PDP for (``@cerbos/cerbos-linux-<cpu>`` 0.55.0): no arm64 build."""
+
+
+def cerbos_published() -> bool:
+    """Whether the npm registry publishes a Cerbos PDP for this machine's CPU (see :data:`PUBLISHED_CPUS`)."""
+    return linux_cpu() in PUBLISHED_CPUS
 
 
 def cerbos_binary(version: str = CERBOS_VERSION) -> Path:

@@ -184,6 +184,32 @@ async def test_the_broad_path_async(table: Table) -> None:
     assert all(node.metadata["tenant"] == "big" for node in result.nodes)
 
 
+class _CountingStore(AclPGVectorStore):
+    """The store, counting the filter clauses it builds (every path builds them in this method)."""
+
+    built: int = 0
+
+    def _recursively_apply_filters(self, filters: Any) -> Any:
+        self.built += 1
+        return super()._recursively_apply_filters(filters)
+
+
+async def test_a_broad_query_builds_its_acl_clause_once_sync_and_async(table: Table) -> None:
+    # The clause cost about a third of a broad query's Python time, and the HNSW statement built it again.
+    store = _CountingStore(**table.kwargs)
+    try:
+        for q in range(2):  # the first with an EXPLAIN, the second with the remembered estimate
+            store.built = 0
+            result = store.query(_query(table, q, BROAD_CALLER))
+            assert (len(result.ids), store.built) == (K, 1)
+            store.built = 0
+            result = await store.aquery(_query(table, q, BROAD_CALLER))
+            assert (len(result.ids), store.built) == (K, 1)
+            assert all(node.metadata["tenant"] == "big" for node in result.nodes)
+    finally:
+        await store.close()
+
+
 def test_a_table_without_acl_indexes_is_named_once_in_a_warning(table: Table, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="llama_jev")
     store = AclPGVectorStore(**table.kwargs)

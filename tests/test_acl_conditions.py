@@ -185,3 +185,20 @@ async def test_metadata_acl_allowed_matches_the_per_node_check() -> None:
         expected = {node.node_id for node in nodes if ACL(ctx, node)}
         assert checked_allowed(ACL, ctx, nodes) == expected
         assert await acheck_allowed(ACL, ctx, nodes) == expected
+
+
+class _NoDrafts(MetadataAcl):
+    """A stricter rule written the 0.2 way: an override of ``__call__``."""
+
+    def __call__(self, ctx: RuntimeContext, node: TextNode) -> bool:  # type: ignore[override]
+        return node.metadata.get("draft") is not True and super().__call__(ctx, node)
+
+
+async def test_a_metadata_acl_subclass_overriding_call_stays_the_final_check() -> None:
+    acl = _NoDrafts(tenant_key="tenant")
+    nodes = [
+        TextNode(id_="ok", text="x", metadata={"tenant": "acme"}),
+        TextNode(id_="draft", text="y", metadata={"tenant": "acme", "draft": True}),
+    ]
+    assert checked_allowed(acl, CALLERS[0], nodes) == {"ok"}
+    assert await acheck_allowed(acl, CALLERS[0], nodes) == {"ok"}

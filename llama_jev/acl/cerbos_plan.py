@@ -24,8 +24,10 @@ same; where CEL errs (a missing attribute, a string where a list was meant), the
 grant, and any answer of ours is at worst an extra node for the final check to remove. Anything
 else (``le``, ``startsWith``, ``size``, a comparison of two attributes, a ``null``) is refused,
 never guessed: the restriction is :class:`~llama_jev.acl.conditions.Unknown` naming the operator,
-and the final check alone decides. Known gap: a list that mixes strings with other values
-(``["u1", 5]``) holds nothing for ``ListContains`` / ``Intersects`` while CEL finds ``"u1"`` in it.
+and the final check alone decides. A list mixing strings with other values (``["u1", 5]``) holds
+its strings, as in CEL. Known gap: CEL's ``"u1" in R.attr.owners`` is also true for a *map*
+``{"u1": "editor"}`` (key membership), which ``ListContains`` does not read, so a store leaves such
+a node out although the PDP allows it: keep grant attributes as strings or lists of strings.
 
 Example::
 

@@ -257,8 +257,12 @@ class MetadataAcl:
         return terms
 
     def allowed(self, ctx: RuntimeContext, nodes: Sequence[BaseNode]) -> set[str]:
-        """The ids of the ``nodes`` ``ctx`` may read: the batched form of ``acl(ctx, node)`` (``BatchAcl``)."""
-        return {node.node_id for node in nodes if self.allows(ctx, node.metadata)}
+        """The ids of the ``nodes`` ``ctx`` may read: the batched form of ``acl(ctx, node)`` (``BatchAcl``).
+
+        Each node is asked through ``acl(ctx, node)`` itself, so a subclass's stricter
+        ``__call__`` stays the decision, as it was before the batched check.
+        """
+        return {node.node_id for node in nodes if check_acl(self, ctx, node)}
 
     async def aallowed(self, ctx: RuntimeContext, nodes: Sequence[BaseNode]) -> set[str]:
         """:meth:`allowed` (in-process, nothing to wait for)."""

@@ -31,12 +31,12 @@ from typing import Protocol, runtime_checkable
 
 from llama_index.core.schema import BaseNode
 
-from llama_jev.acl.conditions import Restriction, Unknown
+from llama_jev.acl.conditions import Conditional, Everything, Ids, Nothing, Restriction, Unknown
 from llama_jev.acl.rules import check_acl
 from llama_jev.core.errors import PermissionsUnavailableError
 from llama_jev.core.identity import RuntimeContext
 
-__all__ = ["BatchAcl", "CallableAcl", "acheck_allowed", "batch_acl", "checked_allowed"]
+__all__ = ["BatchAcl", "CallableAcl", "acheck_allowed", "batch_acl", "checked_allowed", "checked_restriction"]
 
 
 @runtime_checkable
@@ -148,3 +148,23 @@ async def acheck_allowed(acl: BatchAcl, ctx: RuntimeContext, nodes: Sequence[Bas
     if not nodes:
         return set()
     return _checked(acl, nodes, await acl.aallowed(ctx, nodes))
+
+
+def checked_restriction(engine: str, answer: object) -> Restriction:
+    """An ACL's ``restriction(ctx)`` answer, if it is one of the kinds; anything else fails closed, loudly.
+
+    The twin of :func:`checked_allowed` for the other question: ``engine`` names the ACL in the
+    message (never an identity value).
+
+    Raises:
+        PermissionsUnavailableError: ``answer`` is not ``Everything``, ``Nothing``, ``Ids``,
+            ``Conditional`` or ``Unknown`` (reason ``INVALID_RESPONSE``).
+    """
+    if isinstance(answer, (Everything, Nothing, Ids, Conditional, Unknown)):
+        return answer
+    raise PermissionsUnavailableError(
+        f"the {engine} ACL answered {type(answer).__name__} to restriction(); it must return Everything, "
+        "Nothing, Ids, Conditional or Unknown (no node is returned for an answer that cannot be read)",
+        engine=engine,
+        reason="INVALID_RESPONSE",
+    )

@@ -19,12 +19,11 @@ from llama_index_instrumentation import get_dispatcher
 from llama_index_instrumentation.dispatcher import DISPATCHER_SPAN_DECORATED_ATTR
 
 from llama_jev import stores
-from llama_jev.acl.batch import CallableAcl, batch_acl
-from llama_jev.acl.conditions import Conditional, Everything, Ids, Nothing, Restriction, Unknown
+from llama_jev.acl.batch import CallableAcl, batch_acl, checked_restriction
+from llama_jev.acl.conditions import Nothing
 from llama_jev.acl.diagnostics import warn_keys_absent
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.context import RuntimeContext, bind_if_given
-from llama_jev.core.errors import PermissionsUnavailableError
 from llama_jev.core.records import Mode, RestrictionKindName, RetrievalFacts
 from llama_jev.engine.pipeline import AnyAcl, JudgedRetrieval, check_query
 from llama_jev.engine.rerank import listening
@@ -304,7 +303,7 @@ class JevRetriever(BaseRetriever):
         upstream: BaseRetriever | None = self.retriever
         can_widen = self.top_k is not None and _top_k_of(self.retriever) is not None
         if restriction is not None:
-            checked = _checked_restriction(self._judged.engine, restriction)
+            checked = checked_restriction(self._judged.engine, restriction)
             if isinstance(checked, Nothing):
                 kind, applied, upstream = "nothing", True, None
                 # No store call; a MetadataAcl still says why (a caller without a tenant). No engine
@@ -434,18 +433,6 @@ class _Query:
                 self.upstream, self.owned = copy.copy(self.upstream), True
             setattr(self.upstream, _TOP_K_ATTRIBUTE, window)
         return self.upstream
-
-
-def _checked_restriction(engine: str, restriction: object) -> Restriction:
-    """The ACL's ``restriction(ctx)`` answer, if it is one of the kinds; anything else fails closed."""
-    if isinstance(restriction, (Everything, Nothing, Ids, Conditional, Unknown)):
-        return restriction
-    raise PermissionsUnavailableError(
-        f"the {engine} ACL answered {type(restriction).__name__} to restriction(); it must return Everything, "
-        "Nothing, Ids, Conditional or Unknown (no node is returned for an answer that cannot be read)",
-        engine=engine,
-        reason="INVALID_RESPONSE",
-    )
 
 
 def _bundle(query: QueryType) -> QueryBundle:

@@ -217,9 +217,7 @@ class JudgedRetrieval:
 
     def authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         """The final check: the nodes ``ctx`` may read, in their order (the ACL asked once per batch)."""
-        plan = _asking(nodes)
-        answers = [checked_allowed(self.batch, ctx, asked) for asked in plan.asked]
-        return self._authorized(nodes, ctx, _kept(nodes, plan, answers))
+        return self._authorized(nodes, ctx, authorize(nodes, ctx, self.batch))
 
     async def aauthorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         """The async :meth:`authorize`: the engine is awaited, the event loop never blocked by it."""

@@ -37,7 +37,7 @@ from llama_index.core.schema import TextNode
 
 from llama_jev import RuntimeContext
 from llama_jev.acl import Ids, SpiceDBAcl
-from llama_jev.acl.spicedb_wire import bulk_requests, consistency, subject
+from llama_jev.acl.spicedb.wire import bulk_requests, consistency, subject
 from llama_jev.testing.spicedb import spicedb_server
 
 SCHEMA = """

@@ -10,6 +10,7 @@ listed once, in ``__init__.pyi``, and load on first use, so a command that needs
 the package (``python -m llama_jev.calibrate``) does not import LlamaIndex.
 """
 
+from llama_jev import _moved_modules
 from llama_jev._exports import attach
 
 __version__ = "0.2.0"
@@ -66,3 +67,4 @@ _MOVED = {
 }
 
 __getattr__, __dir__, __all__ = attach(__name__, __file__, moved=_MOVED)
+_moved_modules.install()  # 0.2's module paths of engines and stores that are folders now

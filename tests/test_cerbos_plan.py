@@ -22,8 +22,8 @@ from llama_jev.acl import (
     Unknown,
     evaluate,
 )
-from llama_jev.acl.cerbos_plan import InvalidPlanError, restriction_from_plan, translate
-from llama_jev.acl.cerbos_wire import InvalidAnswerError, allowed_ids, principal_of, resources_of
+from llama_jev.acl.cerbos.plan import InvalidPlanError, restriction_from_plan, translate
+from llama_jev.acl.cerbos.wire import InvalidAnswerError, allowed_ids, principal_of, resources_of
 from llama_jev.core.identity import RuntimeContext
 from llama_jev.errors import PermissionsUnavailableError
 

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llama_jev"
 # First path component under llama_jev/ -> its layer, lowest first.
 LAYERS: dict[str, int] = {
     "_exports.py": 0,  # the lazy-export helper every package's __init__ calls
+    "_moved_modules.py": 0,  # 0.2's module paths of what is a folder now, with a DeprecationWarning
     "core": 0,  # identity, records, errors, context binding, the JSONL observer
     "acl": 1,  # MetadataAcl, check_acl, the missing-key diagnostics
     "stores": 2,  # one pushdown adapter per store

@@ -280,7 +280,7 @@ EXPECTED_TESTING_IMPORTERS: list[str] = []
 
 # What the docs tell users to import from llama_jev.stores, and the module each is defined in.
 STORE_NAMES = {
-    "AclPGVectorStore": "llama_jev.stores.postgres_store",
+    "AclPGVectorStore": "llama_jev.stores.postgres.store",
     "chroma_where": "llama_jev.stores.chroma",
     "qdrant_filters": "llama_jev.stores.qdrant",
     "simple_filters": "llama_jev.stores.memory",

@@ -22,7 +22,7 @@ from authzed.api.v1 import (
 from google.rpc.status_pb2 import Status
 
 from llama_jev.acl import SpiceDBAcl
-from llama_jev.acl.spicedb_wire import bulk_requests, consistency, permitted_documents, subject
+from llama_jev.acl.spicedb.wire import bulk_requests, consistency, permitted_documents, subject
 from llama_jev.errors import PermissionsUnavailableError
 
 # -- configuration --

@@ -1,4 +1,4 @@
-"""``AclPGVectorStore`` plans a filtered query by the size of what it admits (llama_jev.stores.postgres_plan).
+"""``AclPGVectorStore`` plans a filtered query by the size of what it admits (llama_jev.stores.postgres.plan).
 
 A table of 20,000 clustered vectors with an HNSW index, where one caller may read a sliver
 (0.1 %): the store returns k rows and exactly the filtered top k (recall 1.0 against numpy over

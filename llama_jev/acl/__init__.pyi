@@ -15,7 +15,7 @@ from llama_jev.acl.batch import (
 from llama_jev.acl.batch import (
     checked_allowed as checked_allowed,
 )
-from llama_jev.acl.cerbos import (
+from llama_jev.acl.cerbos.acl import (
     CerbosAcl as CerbosAcl,
 )
 from llama_jev.acl.conditions import (
@@ -84,6 +84,6 @@ from llama_jev.acl.rules import (
 from llama_jev.acl.rules import (
     check_acl as check_acl,
 )
-from llama_jev.acl.spicedb import (
+from llama_jev.acl.spicedb.acl import (
     SpiceDBAcl as SpiceDBAcl,
 )

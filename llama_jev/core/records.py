@@ -191,6 +191,15 @@ class DecisionRecord(BaseModel):
         ge=0,
         description="How many times the store was asked (widening doubles the window until wanted is found).",
     )
+    shortfall: str | None = Field(
+        default=None,
+        description=(
+            "Why found < wanted though the store may hold more (None: no shortfall, or the store holds no more): "
+            "'bound' (the 1,024-candidate bound was reached while the final check dropped nodes), 'incomplete' "
+            "(the store said its search stopped before reading all it may hold, e.g. an HNSW scan's budget), "
+            "'no-pushdown', or 'cannot-widen'."
+        ),
+    )
     query_key: str | None = Field(
         default=None,
         description="HMAC-SHA256 of the normalised query under the configured secret (None: no secret set).",
@@ -229,6 +238,7 @@ class RetrievalFacts:
     wanted: int | None = None
     found: int | None = None
     rounds: int | None = None
+    shortfall: str | None = None
 
     def record_fields(self) -> dict[str, Any]:
         """The facts as :class:`DecisionRecord` keyword arguments."""
@@ -241,6 +251,7 @@ class RetrievalFacts:
             "wanted": self.wanted,
             "found": self.found,
             "rounds": self.rounds,
+            "shortfall": self.shortfall,
         }
 
 

@@ -29,7 +29,7 @@ from llama_jev.engine.pipeline import AnyAcl, JudgedRetrieval, check_query
 from llama_jev.engine.rerank import listening
 from llama_jev.engine.selector import MAX_CANDIDATES, RELEVANCE_QUESTION, CandidateSelector
 from llama_jev.retrieval.widening import Widening
-from llama_jev.stores import KeyCensus
+from llama_jev.stores import KeyCensus, completeness
 
 __all__ = ["JevRetriever"]
 
@@ -135,6 +135,9 @@ class JevRetriever(BaseRetriever):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
         self._judged = JudgedRetrieval(selector, acl, question=question, component=self.class_name())
         self._pushdown = stores.pushdown_for(retriever, acl, self._judged.warned) if prefilter else None
+        # How a short answer the store said nothing of is read (Pushdown.short_is_complete).
+        adapter = stores.adapter_for(retriever)
+        self._short_is_complete = adapter.short_is_complete if adapter is not None else True
         self._judged.pushdown = self._pushdown is not None
         # The store is asked once which configured keys no node holds (pushdown or not); a store
         # no adapter speaks cannot be asked, so the nodes that come back are checked instead.
@@ -273,7 +276,9 @@ class JevRetriever(BaseRetriever):
             self._census_taken(self._ask_store())
         query = self._query(ctx, self._judged.batch.restriction(ctx) if self._pushdown is not None else None)
         while (window := query.widening.next_window()) is not None and query.upstream is not None:
-            fresh = query.widening.fresh(query.at(window).retrieve(query_bundle))
+            with completeness.listening() as answer:
+                returned = query.at(window).retrieve(query_bundle)
+            fresh = query.widening.fresh(returned, answer.reads_complete(self._short_is_complete))
             query.widening.add(fresh, self._judged.authorize(fresh, ctx))
         candidates, facts = self._outcome(query)
         return self._judged.judge(query_bundle.query_str, candidates, ctx, self.top_k, facts)
@@ -286,8 +291,9 @@ class JevRetriever(BaseRetriever):
             self._census_taken(await self._aask_store())
         query = self._query(ctx, await self._judged.batch.arestriction(ctx) if self._pushdown is not None else None)
         while (window := query.widening.next_window()) is not None and query.upstream is not None:
-            returned = await stores.aretrieve(query.at(window), query_bundle, self._warned_sync_only)
-            fresh = query.widening.fresh(returned)
+            with completeness.listening() as answer:
+                returned = await stores.aretrieve(query.at(window), query_bundle, self._warned_sync_only)
+            fresh = query.widening.fresh(returned, answer.reads_complete(self._short_is_complete))
             query.widening.add(fresh, await self._judged.aauthorize(fresh, ctx))
         candidates, facts = self._outcome(query)
         return await self._judged.ajudge(query_bundle.query_str, candidates, ctx, self.top_k, facts)
@@ -337,6 +343,7 @@ class JevRetriever(BaseRetriever):
             wanted=widening.wanted,
             found=len(candidates) if widening.wanted is not None else None,
             rounds=widening.rounds,
+            shortfall=shortfall[0] if (shortfall := widening.shortfall()) is not None else None,
         )
         return candidates, facts
 

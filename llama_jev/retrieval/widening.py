@@ -6,9 +6,11 @@ caller silently gets fewer than ``k``. :class:`Widening` is the logic of one que
 (no I/O): ``JevRetriever``'s sync and async paths run the same loop around it, each doing its own
 store call and final check.
 
-The window doubles until the count is met, the store returns fewer than asked (it holds no
-more), or :data:`MAX_RECALL` candidates were recalled. Nodes already seen are not counted twice:
-a later round's answer is deduplicated by node id, keeping the store's ranking order.
+The window doubles until the count is met, the store returns fewer than asked and says that is
+all it holds (``llama_jev.stores.completeness``: only a store that ranked every admitted row can
+say so; an HNSW scan stopped by its budget cannot), or :data:`MAX_RECALL` candidates were recalled.
+Nodes already seen are not counted twice: a later round's answer is deduplicated by node id, keeping
+the store's ranking order.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Widening:
     denials_expected: bool = False
     rounds: int = 0
     exhausted: bool = False
+    # A round came back shorter than asked while the store did not say it holds no more.
+    incomplete: bool = False
     window: int | None = None
     # Every distinct node recalled, in the store's ranking order, and the ones the final check kept.
     recalled: list[NodeWithScore] = field(default_factory=list)
@@ -85,15 +89,23 @@ class Widening:
         self.window = min(self.window * 2, self.bound)
         return self.window
 
-    def fresh(self, returned: Sequence[NodeWithScore]) -> list[NodeWithScore]:
+    def fresh(self, returned: Sequence[NodeWithScore], complete: bool = True) -> list[NodeWithScore]:
         """What the final check has not seen of a round's answer; notes whether the store is exhausted.
+
+        ``complete``: whether the store said (or its adapter's rule reads) that an answer shorter
+        than asked holds every row it admits. Only then is a short answer "the store holds no
+        more"; otherwise the next round asks again with a wider window.
 
         The first round's answer is taken as it is (repeated ids included, as without widening);
         a later round's keeps only nodes whose id no earlier round returned, each once.
         """
         self.rounds += 1
-        if self.window is not None and len(returned) < self.window:
+        short = len(returned) < self.window if self.window is not None else False
+        if short and complete:
             self.exhausted = True
+            self.incomplete = False
+        elif short:
+            self.incomplete = True
         if self.rounds == 1:
             return list(returned)
         if self.rounds == 2:  # only now needed: most queries end after one round
@@ -151,6 +163,13 @@ class Widening:
         if self.wanted is None or found >= self.wanted or self.exhausted:
             return None
         if not self.widen:
+            if self.incomplete:
+                return (
+                    "incomplete",
+                    f"the store answered {len(self.recalled)} nodes and said its search stopped before reading all "
+                    f"it may hold (a filtered HNSW scan's budget), and this retriever cannot be asked for more (it "
+                    f"has no settable similarity_top_k): {found} of the {self.wanted} wanted were returned",
+                )
             if not self.dropped:
                 return None
             return (
@@ -166,6 +185,13 @@ class Widening:
                 f"of {self.bound:,} candidates per query was reached and {found} of the {self.wanted} wanted were "
                 "found; push the ACL down (JevRetriever.from_index, or prefilter=True over a store "
                 "llama_jev.stores speaks) so the store pre-selects",
+            )
+        if self.incomplete:
+            return (
+                "incomplete",
+                f"the store's last answer was shorter than its window of {self.window} and the store said its "
+                f"search stopped before reading all it may hold (a filtered HNSW scan's budget); the bound of "
+                f"{self.bound:,} candidates per query was reached and {found} of the {self.wanted} wanted were found",
             )
         return (
             "bound",

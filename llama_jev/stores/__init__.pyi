@@ -15,7 +15,7 @@ from llama_jev.stores.chroma import (
 from llama_jev.stores.memory import (
     simple_filters as simple_filters,
 )
-from llama_jev.stores.postgres_store import (
+from llama_jev.stores.postgres.store import (
     AclPGVectorStore as AclPGVectorStore,
 )
 from llama_jev.stores.qdrant import (

@@ -275,6 +275,12 @@ class Pushdown(ABC):
     name: ClassVar[str]
     """The store's name in messages and docs ("qdrant", "memory", ...)."""
 
+    short_is_complete: ClassVar[bool] = True
+    """How widening reads an answer shorter than asked when the store said nothing of it
+    (:func:`llama_jev.stores.completeness.report_complete`): ``True``, the store holds no more (it
+    ranks every admitted row: the in-memory store, Qdrant local); ``False``, it may hold more (an
+    HNSW search under a filter can stop short), so widening asks again with a wider window."""
+
     def __init__(self, retriever: BaseRetriever, acl: BatchAcl, seen: Seen) -> None:
         self.retriever = retriever
         self.acl = acl

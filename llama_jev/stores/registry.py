@@ -16,7 +16,7 @@ from llama_jev.acl.rules import Acl
 from llama_jev.stores.base import Pushdown, Seen, retrieve_in_thread
 from llama_jev.stores.chroma import ChromaPushdown
 from llama_jev.stores.memory import MemoryPushdown
-from llama_jev.stores.postgres import PostgresPushdown
+from llama_jev.stores.postgres.pushdown import PostgresPushdown
 from llama_jev.stores.qdrant import QdrantPushdown
 
 __all__ = ["adapter_for", "adapters", "advice_for", "aretrieve", "pushdown_for", "register"]

@@ -1,6 +1,6 @@
 """The thin I/O edge of ``CerbosAcl``: the PDP's HTTP API (httpx) or its gRPC API (the official SDK), sync and async.
 
-Each transport takes and gives the PDP's JSON shapes (:mod:`llama_jev.acl.cerbos_wire`), so what
+Each transport takes and gives the PDP's JSON shapes (:mod:`llama_jev.acl.cerbos.wire`), so what
 is asked and how the answer is read is written once. Every failure becomes a
 :class:`~llama_jev.errors.PermissionsUnavailableError` here (``UNREACHABLE``, ``TIMEOUT``,
 ``REFUSED``, ``INVALID_RESPONSE``), with no identity value, id or PDP message in it (a PDP's

@@ -44,7 +44,7 @@ except ImportError as error:  # pragma: no cover - the extra is part of the test
 from llama_index.core.schema import BaseNode
 
 from llama_jev.acl.conditions import Nothing, Restriction, Unknown
-from llama_jev.acl.spicedb_wire import (
+from llama_jev.acl.spicedb.wire import (
     ENGINE,
     LookupPages,
     bulk_requests,

@@ -303,7 +303,7 @@ async def run_async(steps: Steps, connection: Any) -> Plan:
 
 
 def acl_indexes(table: Any, acl: MetadataAcl, *, jsonb: bool) -> list[Index]:
-    """The indexes the ACL clause of ``llama_jev.stores.postgres_sql`` can use, for ``acl``'s keys.
+    """The indexes the ACL clause of ``llama_jev.stores.postgres.sql`` can use, for ``acl``'s keys.
 
     - the tenant: a B-tree on ``metadata_ ->> '<tenant_key>'``, the expression the clause
       compares (JSON and JSONB alike); with it, a tenant's rows are read without a table scan

@@ -6,7 +6,7 @@ its tenant id); each node is a resource of ``resource_kind`` (id = node id, attr
 metadata as stored; node text is never sent). Two calls:
 
 - :meth:`CerbosAcl.restriction` asks PlanResources once per query and reads the plan as a store
-  filter (:mod:`llama_jev.acl.cerbos_plan`): always-allowed, always-denied, a condition, or
+  filter (:mod:`llama_jev.acl.cerbos.plan`): always-allowed, always-denied, a condition, or
   unknown when the plan uses an operator no store states;
 - :meth:`CerbosAcl.allowed` asks CheckResources for the nodes retrieved, ``batch_size`` resources
   per request (the PDP's ``maxResourcesPerRequest``, 50 by default), the batches at once; only
@@ -38,9 +38,9 @@ from typing import Any
 
 from llama_index.core.schema import BaseNode
 
-from llama_jev.acl.cerbos_client import ENGINE, Transport, async_transport, failures, is_http, transport
-from llama_jev.acl.cerbos_plan import InvalidPlanError, restriction_from_plan
-from llama_jev.acl.cerbos_wire import InvalidAnswerError, allowed_ids, batches, principal_of, resources_of
+from llama_jev.acl.cerbos.client import ENGINE, Transport, async_transport, failures, is_http, transport
+from llama_jev.acl.cerbos.plan import InvalidPlanError, restriction_from_plan
+from llama_jev.acl.cerbos.wire import InvalidAnswerError, allowed_ids, batches, principal_of, resources_of
 from llama_jev.acl.conditions import Restriction, Unknown
 from llama_jev.core.errors import PermissionsUnavailableError
 from llama_jev.core.identity import RuntimeContext

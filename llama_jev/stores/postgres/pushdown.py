@@ -1,20 +1,20 @@
-"""Pushdown into PostgreSQL + pgvector: the ACL as one bound SQL clause of ``AclPGVectorStore``.
+"""The adapter: the ACL as one bound SQL clause of ``AclPGVectorStore``.
 
 LlamaIndex's stock ``PGVectorStore`` pastes ``MetadataFilter`` values into its SQL text, so the
 ACL is never handed to it as filters (a tenant ``x' OR 1=1 --`` returned every row of a 10,000-row
 table). Instead the retriever's query carries :class:`AclFilters`, which only
 :class:`AclPGVectorStore` understands: it turns them into SQLAlchemy expressions with every value
-bound (``llama_jev.stores.postgres_sql``), AND-ed with the caller's own filters.
+bound (``llama_jev.stores.postgres.sql``), AND-ed with the caller's own filters.
 
 ``AclPGVectorStore`` needs the ``postgres`` extra; this module does not, so ``llama_jev``
-imports without it (the class is loaded on first access).
+imports without it.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
 
@@ -22,24 +22,11 @@ from llama_jev.acl.conditions import Everything, Restriction, Unknown
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.identity import RuntimeContext
 from llama_jev.stores.base import CannotState, KeyCensus, Pushdown, condition_of, restrict_filters, vector_store_of
-from llama_jev.stores.postgres_sql import AclFilters, acl_filters, condition_filters
+from llama_jev.stores.postgres.sql import acl_filters, condition_filters
 
-if TYPE_CHECKING:
-    from llama_jev.stores.postgres_store import AclPGVectorStore
+__all__ = ["PostgresPushdown", "is_acl_store", "is_plain_pgvector"]
 
-__all__ = ["AclFilters", "AclPGVectorStore", "PostgresPushdown", "acl_filters", "condition_filters"]
-
-_STORE_MODULE = "llama_jev.stores.postgres_store"
-
-
-def __getattr__(name: str) -> Any:
-    # PEP 562: `from llama_jev.stores.postgres import AclPGVectorStore` (0.2's path; the package exports it
-    # now) loads the store (and the postgres extra) only when asked for; the ImportError names the extra.
-    if name == "AclPGVectorStore":
-        from llama_jev.stores.postgres_store import AclPGVectorStore
-
-        return AclPGVectorStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_STORE_MODULE = "llama_jev.stores.postgres.store"
 
 
 def is_acl_store(store: Any) -> bool:

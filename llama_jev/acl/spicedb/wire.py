@@ -1,6 +1,6 @@
 """What ``SpiceDBAcl`` sends to SpiceDB and how it reads the answers: pure functions shared by sync and async.
 
-The I/O edges (a gRPC call, sync or async) live in :mod:`llama_jev.acl.spicedb`; everything that
+The I/O edges (a gRPC call, sync or async) live in :mod:`llama_jev.acl.spicedb.acl`; everything that
 decides lives here once: which consistency a read asks for, which ids SpiceDB can name, how a
 LookupResources stream becomes a :class:`~llama_jev.acl.conditions.Restriction` (complete, or
 never read as such), and how CheckBulkPermissions' pairs become the permitted documents (only

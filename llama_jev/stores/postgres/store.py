@@ -26,7 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.stores.base import KeyCensus
-from llama_jev.stores.postgres_plan import (
+from llama_jev.stores.postgres.plan import (
     Estimates,
     Plan,
     Steps,
@@ -37,7 +37,7 @@ from llama_jev.stores.postgres_plan import (
     run_sync,
     settings,
 )
-from llama_jev.stores.postgres_sql import AclFilters, acl_clause, filter_clause, key_present
+from llama_jev.stores.postgres.sql import AclFilters, acl_clause, filter_clause, key_present
 
 __all__ = ["AclPGVectorStore"]
 
@@ -79,7 +79,7 @@ class AclPGVectorStore(PGVectorStore):
       filter values into the SQL text: a tenant value ``x' OR 1=1 --`` returned every row, and
       ``--`` comments out whatever follows it.
     - A filtered dense query is planned by the size of what its filters admit, as Qdrant's
-      query planner does (``llama_jev.stores.postgres_plan``): the planner's row estimate
+      query planner does (``llama_jev.stores.postgres.plan``): the planner's row estimate
       first; a selective ACL (at most 3,000 rows) has its rows read through the indexes and
       ranked exactly (the exact filtered top k); a broad one walks the HNSW index with pgvector
       0.8's ``relaxed_order`` iterative scan, ``ef_search`` 100, and an exact re-sort. Other

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 from llama_index.core.schema import TextNode
 
@@ -202,3 +205,29 @@ async def test_a_metadata_acl_subclass_overriding_call_stays_the_final_check() -
     ]
     assert checked_allowed(acl, CALLERS[0], nodes) == {"ok"}
     assert await acheck_allowed(acl, CALLERS[0], nodes) == {"ok"}
+
+
+class _NoDraftsByMetadata(MetadataAcl):
+    """A stricter rule as an override of ``allows``: the batched check's fast path must not skip it."""
+
+    def allows(self, ctx: RuntimeContext, metadata: Mapping[str, Any]) -> bool:
+        return metadata.get("draft") is not True and super().allows(ctx, metadata)
+
+
+class _Truthy(MetadataAcl):
+    """An ``allows`` answering a non-bool: the batched check reads it as an error, not a grant."""
+
+    def allows(self, ctx: RuntimeContext, metadata: Mapping[str, Any]) -> bool:
+        return 1  # type: ignore[return-value]
+
+
+async def test_a_metadata_acl_subclass_overriding_allows_stays_the_final_check() -> None:
+    nodes = [
+        TextNode(id_="ok", text="x", metadata={"tenant": "acme"}),
+        TextNode(id_="draft", text="y", metadata={"tenant": "acme", "draft": True}),
+    ]
+    acl = _NoDraftsByMetadata(tenant_key="tenant")
+    assert checked_allowed(acl, CALLERS[0], nodes) == {"ok"}
+    assert await acheck_allowed(acl, CALLERS[0], nodes) == {"ok"}
+    with pytest.raises(TypeError, match="returned int"):
+        checked_allowed(_Truthy(tenant_key="tenant"), CALLERS[0], nodes)

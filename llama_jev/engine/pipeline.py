@@ -74,7 +74,15 @@ def authorize(nodes: Sequence[NodeWithScore], ctx: RuntimeContext, acl: AnyAcl) 
     ``acl`` is a plain ``acl(ctx, node) -> bool`` or any :class:`~llama_jev.acl.BatchAcl`
     (``MetadataAcl``, an engine), asked through :func:`~llama_jev.acl.checked_allowed`.
     """
-    batch = batch_acl(acl)
+    return authorize_batch(nodes, ctx, batch_acl(acl))
+
+
+def authorize_batch(nodes: Sequence[NodeWithScore], ctx: RuntimeContext, batch: BatchAcl) -> list[NodeWithScore]:
+    """:func:`authorize` for an ACL already read as a :class:`~llama_jev.acl.BatchAcl` (``batch_acl``).
+
+    ``JudgedRetrieval`` reads its ACL once, when it is built: the protocol's ``isinstance`` check
+    is a structural one, about as costly as the whole check of 20 nodes.
+    """
     plan = _asking(nodes)
     return _kept(nodes, plan, [checked_allowed(batch, ctx, asked) for asked in plan.asked])
 
@@ -86,32 +94,36 @@ def _asking(nodes: Sequence[NodeWithScore]) -> _Asking:
     cannot be told apart in one answer; each repeat goes into a batch of its own, so every node
     is decided on its own metadata, as a per-node check would.
     """
-    if len({node.node.node_id for node in nodes}) == len(nodes):  # the usual case: one batch
-        return _Asking(rounds=[list(range(len(nodes)))], asked=[[node.node for node in nodes]])
+    ids = [node.node.node_id for node in nodes]
+    if len(set(ids)) == len(ids):  # the usual case: one batch
+        return _Asking(ids=ids, rounds=None, asked=[[node.node for node in nodes]])
     rounds: list[list[int]] = []
     repeats: dict[str, int] = {}
-    for index, node in enumerate(nodes):
-        node_id = node.node.node_id
+    for index, node_id in enumerate(ids):
         count = repeats.get(node_id, 0)
         repeats[node_id] = count + 1
         if count == len(rounds):
             rounds.append([])
         rounds[count].append(index)
-    return _Asking(rounds=rounds, asked=[[nodes[index].node for index in indices] for indices in rounds])
+    return _Asking(ids=ids, rounds=rounds, asked=[[nodes[index].node for index in indices] for indices in rounds])
 
 
 @dataclass(frozen=True)
 class _Asking:
-    rounds: list[list[int]]
+    ids: list[str]  # each node's id, in order (read once: node_id is a property)
+    rounds: list[list[int]] | None  # the indices of each batch; None: one batch of every node
     asked: list[list[BaseNode]]
 
 
 def _kept(nodes: Sequence[NodeWithScore], plan: _Asking, answers: Sequence[set[str]]) -> list[NodeWithScore]:
     """The nodes whose id the ACL's answer for their batch holds, in their order."""
+    if plan.rounds is None:
+        (allowed,) = answers
+        return [node for node, node_id in zip(nodes, plan.ids, strict=True) if node_id in allowed]
     keep = [False] * len(nodes)
     for indices, allowed in zip(plan.rounds, answers, strict=True):
         for index in indices:
-            keep[index] = nodes[index].node.node_id in allowed
+            keep[index] = plan.ids[index] in allowed
     return [node for node, kept in zip(nodes, keep, strict=True) if kept]
 
 
@@ -217,7 +229,7 @@ class JudgedRetrieval:
 
     def authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         """The final check: the nodes ``ctx`` may read, in their order (the ACL asked once per batch)."""
-        return self._authorized(nodes, ctx, authorize(nodes, ctx, self.batch))
+        return self._authorized(nodes, ctx, authorize_batch(nodes, ctx, self.batch))
 
     async def aauthorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         """The async :meth:`authorize`: the engine is awaited, the event loop never blocked by it."""

@@ -169,7 +169,16 @@ class _Liar:
         return Unknown()
 
 
-@pytest.mark.parametrize("answer", [["a"], {"a", "zzz"}, {1}, None, True])
+class _Id(str):
+    """An id type of an engine's own: still a string, so its answer is read."""
+
+
+def test_an_answer_of_str_subclass_ids_is_read_as_ids() -> None:
+    nodes = [TextNode(id_="a", text="x"), TextNode(id_="b", text="y")]
+    assert checked_allowed(_Liar(frozenset({_Id("a")})), CALLERS[0], nodes) == {"a"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("answer", [["a"], {"a", "zzz"}, {1}, {"a", 1}, None, True])
 async def test_an_engine_answer_that_is_not_a_set_of_asked_ids_fails_closed(answer: object) -> None:
     nodes = [TextNode(id_="a", text="x")]
     acl = _Liar(answer)

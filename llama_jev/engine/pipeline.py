@@ -18,7 +18,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index_instrumentation import get_dispatcher
 
 from llama_jev.acl.batch import BatchAcl, batch_acl
-from llama_jev.acl.diagnostics import diagnose_denials
+from llama_jev.acl.diagnostics import diagnose_denials, nothing_to_diagnose
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.context import RuntimeContext, resolve_runtime_context
 from llama_jev.core.errors import RetrievalInconclusiveError, RetrievalUnavailableError
@@ -210,7 +210,7 @@ class JudgedRetrieval:
         self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext, authorized: list[NodeWithScore]
     ) -> list[NodeWithScore]:
         """``authorized``, after telling a ``MetadataAcl``'s user why nodes were denied (once per cause)."""
-        if isinstance(self.acl, MetadataAcl):
+        if isinstance(self.acl, MetadataAcl) and not nothing_to_diagnose(self.acl, ctx, len(nodes), len(authorized)):
             diagnose_denials(
                 self.acl,
                 ctx,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 from llama_index.core.schema import TextNode
 
@@ -166,7 +169,16 @@ class _Liar:
         return Unknown()
 
 
-@pytest.mark.parametrize("answer", [["a"], {"a", "zzz"}, {1}, None, True])
+class _Id(str):
+    """An id type of an engine's own: still a string, so its answer is read."""
+
+
+def test_an_answer_of_str_subclass_ids_is_read_as_ids() -> None:
+    nodes = [TextNode(id_="a", text="x"), TextNode(id_="b", text="y")]
+    assert checked_allowed(_Liar(frozenset({_Id("a")})), CALLERS[0], nodes) == {"a"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("answer", [["a"], {"a", "zzz"}, {1}, {"a", 1}, None, True])
 async def test_an_engine_answer_that_is_not_a_set_of_asked_ids_fails_closed(answer: object) -> None:
     nodes = [TextNode(id_="a", text="x")]
     acl = _Liar(answer)
@@ -202,3 +214,29 @@ async def test_a_metadata_acl_subclass_overriding_call_stays_the_final_check() -
     ]
     assert checked_allowed(acl, CALLERS[0], nodes) == {"ok"}
     assert await acheck_allowed(acl, CALLERS[0], nodes) == {"ok"}
+
+
+class _NoDraftsByMetadata(MetadataAcl):
+    """A stricter rule as an override of ``allows``: the batched check's fast path must not skip it."""
+
+    def allows(self, ctx: RuntimeContext, metadata: Mapping[str, Any]) -> bool:
+        return metadata.get("draft") is not True and super().allows(ctx, metadata)
+
+
+class _Truthy(MetadataAcl):
+    """An ``allows`` answering a non-bool: the batched check reads it as an error, not a grant."""
+
+    def allows(self, ctx: RuntimeContext, metadata: Mapping[str, Any]) -> bool:
+        return 1  # type: ignore[return-value]
+
+
+async def test_a_metadata_acl_subclass_overriding_allows_stays_the_final_check() -> None:
+    nodes = [
+        TextNode(id_="ok", text="x", metadata={"tenant": "acme"}),
+        TextNode(id_="draft", text="y", metadata={"tenant": "acme", "draft": True}),
+    ]
+    acl = _NoDraftsByMetadata(tenant_key="tenant")
+    assert checked_allowed(acl, CALLERS[0], nodes) == {"ok"}
+    assert await acheck_allowed(acl, CALLERS[0], nodes) == {"ok"}
+    with pytest.raises(TypeError, match="returned int"):
+        checked_allowed(_Truthy(tenant_key="tenant"), CALLERS[0], nodes)

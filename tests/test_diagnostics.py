@@ -537,6 +537,25 @@ async def test_a_blank_query_is_a_value_error_before_anything_is_sent(
     assert jev_server.request_count == 0
 
 
+async def test_a_none_query_is_the_same_value_error_as_a_blank_one(jev_server: SystemOneTestServer) -> None:
+    # retrieve(None) raised AttributeError ('NoneType' has no query_str) from inside the retriever.
+    retriever = JevRetriever(memory_index().as_retriever(similarity_top_k=10), selector(client(jev_server)), ACL)
+    with runtime_context(ALICE):
+        with pytest.raises(ValueError, match="non-blank string"):
+            retriever.retrieve(None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="non-blank string"):
+            await retriever.aretrieve(None)  # type: ignore[arg-type]
+    assert jev_server.request_count == 0
+
+
+def test_a_zero_similarity_top_k_is_named_as_the_user_wrote_it(jev_server: SystemOneTestServer) -> None:
+    with pytest.raises(ValueError, match=r"similarity_top_k must be a positive integer, got 0") as raised:
+        JevRetriever(memory_index().as_retriever(similarity_top_k=0), selector(client(jev_server)), ACL)
+    assert "top_k=" in str(raised.value)  # and how to fix it
+    with pytest.raises(ValueError, match=r"^top_k must be a positive integer, got 0"):
+        JevRetriever(memory_index().as_retriever(similarity_top_k=5), selector(client(jev_server)), ACL, top_k=0)
+
+
 # --- 13. identity bound after agent.run() ---------------------------------------------------
 
 

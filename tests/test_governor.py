@@ -22,7 +22,8 @@ from llama_jev.core import Reason
 from llama_jev.engine import RELEVANCE_QUESTION, Candidate
 from llama_jev.errors import JevTimeoutError
 from llama_jev.systemone import NoulQuestion, SystemOneRequest
-from llama_jev.systemone.governor import Governor, measure_queue_wait, report_queue_wait
+from llama_jev.systemone.governor import Governor
+from llama_jev.systemone.queue_wait import measure_queue_wait, report_queue_wait
 from llama_jev.testing import Fault, SystemOneTestServer
 
 from .conftest import API_KEY

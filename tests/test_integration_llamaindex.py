@@ -451,9 +451,7 @@ def test_context_follows_copied_context_into_threads() -> None:
 # --- pushdown -------------------------------------------------------------------------------
 
 
-def test_prefilter_fills_the_candidate_limit_when_most_of_the_collection_is_another_tenant(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_prefilter_fills_the_candidate_limit_when_most_of_the_collection_is_another_tenant(tmp_path: Path) -> None:
     mine = tuple(Doc(f"acme-{i:03d}", 0.9, f"refund conditions note {i}", "acme", public=True) for i in range(10))
     theirs = tuple(Doc(f"other-{i:03d}", 0.9, f"refund conditions note {i}", "globex", public=True) for i in range(190))
     index, qdrant = qdrant_index(tmp_path / "qdrant", mine + theirs)
@@ -475,11 +473,6 @@ def test_prefilter_fills_the_candidate_limit_when_most_of_the_collection_is_anot
         judged = sum(len(r.questions) for r in judge.requests[before:])
         counts[prefilter] = judged
     qdrant.close()
-    with capsys.disabled():
-        print(
-            f"\n[pushdown] 5% own tenant, candidate_limit=10: post-filter only judged {counts[False]}, "
-            f"with prefilter judged {counts[True]}"
-        )
     assert counts[True] == 10
     # Without pushdown the store is asked again, with a wider window, until 10 readable are found.
     assert counts[False] == 10

@@ -151,6 +151,7 @@ def _ids(nodes: list[NodeWithScore]) -> list[str]:
 # --- every store: k permitted nodes whatever the final check drops ---------------------------
 
 
+@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")  # Qdrant local mode says so of its indexes
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("top_k", [5, 25])
 async def test_malformed_sibling_grants_do_not_cost_results_on_any_store(

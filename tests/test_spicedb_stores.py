@@ -249,7 +249,11 @@ def test_the_async_path_returns_the_same(
     if name == "postgres":
         # PGVectorStore's async engine stays bound to the first event loop that used it, and each
         # test here runs its own: the async PostgreSQL path is tested in tests/test_store_postgres*.py.
-        pytest.skip("PGVectorStore's async engine is bound to one event loop")
+        pytest.skip(
+            "PGVectorStore's async engine is bound to the first event loop that used it (this module's store "
+            "is shared across loops); the async PostgreSQL path runs in tests/test_store_postgres*.py. "
+            "In an app: build the store inside the event loop that queries it, one store per loop"
+        )
     acl = acl_for(spicedb, max_ids=max_ids)
     retriever = JevRetriever.from_index(index, off_selector(), acl, top_k=10)
     synced: dict[str, list[str]] = {}

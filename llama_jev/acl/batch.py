@@ -115,7 +115,10 @@ def batch_acl(acl: BatchAcl | Callable[[RuntimeContext, BaseNode], bool]) -> Bat
 def _checked(acl: BatchAcl, nodes: Sequence[BaseNode], answer: object) -> set[str]:
     """The engine's answer, if it is a set of ids asked about; anything else fails closed, loudly."""
     asked = {node.node_id for node in nodes}
-    if not isinstance(answer, (set, frozenset)) or not all(isinstance(item, str) for item in answer):
+    # Every item a str: the usual answer is checked in C (its types), any other item one by one.
+    if not isinstance(answer, (set, frozenset)) or not (
+        set(map(type, answer)) <= {str} or all(isinstance(item, str) for item in answer)
+    ):
         raise PermissionsUnavailableError(
             f"the {acl.engine} ACL answered {type(answer).__name__} to allowed(); it must return a set of "
             "node ids (no node is returned for an answer that cannot be read)",

@@ -24,6 +24,7 @@ __all__ = [
     "absent_keys",
     "diagnose_denials",
     "malformed_values",
+    "nothing_to_diagnose",
     "warn_keys_absent",
     "warn_malformed",
 ]
@@ -192,6 +193,8 @@ def diagnose_denials(
     nodes, a sample of it, are not asked again. Otherwise, when the ACL denied one of them, a
     configured key none of them holds is named.
     """
+    if nothing_to_diagnose(acl, ctx, len(metadatas), authorized):
+        return
     if len(metadatas) > authorized:
         warn_malformed(acl, metadatas, seen=seen)
     if acl.tenant_key is not None and ctx.tenant_id is None:
@@ -209,3 +212,12 @@ def diagnose_denials(
     if missing:
         where = f"the {len(metadatas)} nodes the retriever returned (its store cannot be asked for every key)"
         warn_keys_absent(acl, missing, where, (key for metadata in metadatas for key in metadata), seen=seen)
+
+
+def nothing_to_diagnose(acl: MetadataAcl, ctx: RuntimeContext, retrieved: int, authorized: int) -> bool:
+    """Whether :func:`diagnose_denials` has nothing to say: every node passed and the caller has the tenant checked.
+
+    A caller checks this before gathering the nodes' metadata for :func:`diagnose_denials`: on
+    the usual retrieval (nothing denied) that gathering was a visit to every node for nothing.
+    """
+    return retrieved == authorized and not (acl.tenant_key is not None and ctx.tenant_id is None)

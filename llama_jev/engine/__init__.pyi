@@ -1,7 +1,7 @@
 """Layer 4, the judgement engine: the ``CandidateSelector`` (batches, budget, classification, modes,
 records) and what the pipeline puts on nodes and events."""
 
-from llama_jev.engine.pipeline import (
+from llama_jev.engine.nodes import (
     PROBABILITY_KEY as PROBABILITY_KEY,
 )
 from llama_jev.engine.pipeline import (

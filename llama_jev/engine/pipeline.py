@@ -1,7 +1,9 @@
 """The one implementation of a judged retrieval: ACL, judgement, mode logic, ordering, limit.
 
 ``JevRetriever``, ``JevNodePostprocessor`` and ``JevKnowledgeTool`` all call :class:`JudgedRetrieval`;
-its sync and async paths share every step except the judge call itself.
+its sync and async paths share every step except the judge call itself. Its parts live beside it:
+the final check in ``authorization.py``, what the judge sees of a node and what a node carries
+back in ``nodes.py``, a failure's facts and advice in ``failures.py``.
 """
 
 from __future__ import annotations
@@ -9,29 +11,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 from llama_index.core.instrumentation.events import BaseEvent
-from llama_index.core.schema import BaseNode, NodeWithScore, TextNode
+from llama_index.core.schema import NodeWithScore
 from llama_index_instrumentation import get_dispatcher
 
-from llama_jev.acl.batch import BatchAcl, acheck_allowed, batch_acl, checked_allowed
-from llama_jev.acl.diagnostics import diagnose_denials
-from llama_jev.acl.rules import Acl, MetadataAcl
+from llama_jev.acl.batch import BatchAcl, batch_acl
+from llama_jev.acl.diagnostics import diagnose_denials, nothing_to_diagnose
+from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.context import RuntimeContext, resolve_runtime_context
-from llama_jev.core.errors import (
-    JevAPIError,
-    LocalJudgeTimeoutError,
-    RetrievalInconclusiveError,
-    RetrievalUnavailableError,
-)
-from llama_jev.core.models import copy_with
-from llama_jev.core.records import Decision, DecisionRecord, Mode, Reason, RetrievalFacts, Status
+from llama_jev.core.errors import RetrievalInconclusiveError, RetrievalUnavailableError
+from llama_jev.core.records import Decision, DecisionRecord, Mode, RetrievalFacts, Status
 from llama_jev.core.telemetry import observe_decision, observe_unjudged
+from llama_jev.engine.authorization import AnyAcl, aauthorize_batch, authorize, authorize_batch
+from llama_jev.engine.failures import JudgeFailure, describe_failure
+from llama_jev.engine.nodes import PROBABILITY_KEY, to_candidates, with_probability
 from llama_jev.engine.rerank import JudgementSpan, judgement_span, listening
-from llama_jev.engine.selector import RELEVANCE_QUESTION, Candidate, CandidateSelector
+from llama_jev.engine.selector import RELEVANCE_QUESTION, CandidateSelector
 
+# The final check (authorization.py), the node side (nodes.py) and the failure's facts
+# (failures.py) are re-exported: this module was their home, and callers import them from here.
 __all__ = [
     "PROBABILITY_KEY",
     "JudgeFailure",
@@ -44,11 +44,6 @@ __all__ = [
     "to_candidates",
     "with_probability",
 ]
-
-PROBABILITY_KEY = "jev_probability"
-
-AnyAcl: TypeAlias = Acl | BatchAcl
-"""What the LlamaIndex components accept as an ACL: ``acl(ctx, node) -> bool`` or a :class:`~llama_jev.acl.BatchAcl`."""
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger(__name__)
@@ -66,87 +61,6 @@ class JevDecisionEvent(BaseEvent):
     def class_name(cls) -> str:
         """The event's name in LlamaIndex instrumentation."""
         return "JevDecisionEvent"
-
-
-def authorize(nodes: Sequence[NodeWithScore], ctx: RuntimeContext, acl: AnyAcl) -> list[NodeWithScore]:
-    """The nodes ``ctx`` may read, in their order. An ACL that raises fails the whole retrieval.
-
-    ``acl`` is a plain ``acl(ctx, node) -> bool`` or any :class:`~llama_jev.acl.BatchAcl`
-    (``MetadataAcl``, an engine), asked through :func:`~llama_jev.acl.checked_allowed`.
-    """
-    batch = batch_acl(acl)
-    plan = _asking(nodes)
-    return _kept(nodes, plan, [checked_allowed(batch, ctx, asked) for asked in plan.asked])
-
-
-def _asking(nodes: Sequence[NodeWithScore]) -> _Asking:
-    """What to ask the ACL about ``nodes``: one batch, or one per repeat of an id.
-
-    ``allowed`` answers with ids, so two different nodes sharing an id (two stores fused, say)
-    cannot be told apart in one answer; each repeat goes into a batch of its own, so every node
-    is decided on its own metadata, as a per-node check would.
-    """
-    if len({node.node.node_id for node in nodes}) == len(nodes):  # the usual case: one batch
-        return _Asking(rounds=[list(range(len(nodes)))], asked=[[node.node for node in nodes]])
-    rounds: list[list[int]] = []
-    repeats: dict[str, int] = {}
-    for index, node in enumerate(nodes):
-        node_id = node.node.node_id
-        count = repeats.get(node_id, 0)
-        repeats[node_id] = count + 1
-        if count == len(rounds):
-            rounds.append([])
-        rounds[count].append(index)
-    return _Asking(rounds=rounds, asked=[[nodes[index].node for index in indices] for indices in rounds])
-
-
-@dataclass(frozen=True)
-class _Asking:
-    rounds: list[list[int]]
-    asked: list[list[BaseNode]]
-
-
-def _kept(nodes: Sequence[NodeWithScore], plan: _Asking, answers: Sequence[set[str]]) -> list[NodeWithScore]:
-    """The nodes whose id the ACL's answer for their batch holds, in their order."""
-    keep = [False] * len(nodes)
-    for indices, allowed in zip(plan.rounds, answers, strict=True):
-        for index in indices:
-            keep[index] = nodes[index].node.node_id in allowed
-    return [node for node, kept in zip(nodes, keep, strict=True) if kept]
-
-
-def to_candidates(nodes: Sequence[NodeWithScore]) -> list[Candidate]:
-    """What the judge sees of each node: its id and its content, without any metadata."""
-    # A plain TextNode's content without metadata is its text; get_content would first format
-    # the metadata string it then drops (most of this step's time). Subclasses may say otherwise.
-    return [
-        Candidate(id=node.node.node_id, text=node.node.text if type(node.node) is TextNode else node.node.get_content())
-        for node in nodes
-    ]
-
-
-def with_probability(node: NodeWithScore, probability: float) -> NodeWithScore:
-    """A copy of ``node`` carrying ``metadata["jev_probability"]``, hidden from LLM and embeddings.
-
-    The upstream node (often a docstore object shared across queries and users) is not touched:
-    a shallow copy shares the metadata dict and the exclusion lists, so new ones are given to
-    the copy. They are set without validation (:func:`copy_with`): the values are a fresh dict
-    and fresh lists of the same types the node already validated.
-    """
-    source = node.node
-    copy = copy_with(
-        source,
-        {
-            "metadata": {**source.metadata, PROBABILITY_KEY: probability},
-            "excluded_llm_metadata_keys": _with_key(source.excluded_llm_metadata_keys),
-            "excluded_embed_metadata_keys": _with_key(source.excluded_embed_metadata_keys),
-        },
-    )
-    return NodeWithScore(node=copy, score=node.score)  # validating two fields costs less than copying
-
-
-def _with_key(keys: list[str]) -> list[str]:
-    return list(keys) if PROBABILITY_KEY in keys else [*keys, PROBABILITY_KEY]
 
 
 class JudgedRetrieval:
@@ -217,13 +131,11 @@ class JudgedRetrieval:
 
     def authorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         """The final check: the nodes ``ctx`` may read, in their order (the ACL asked once per batch)."""
-        return self._authorized(nodes, ctx, authorize(nodes, ctx, self.batch))
+        return self._authorized(nodes, ctx, authorize_batch(nodes, ctx, self.batch))
 
     async def aauthorize(self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext) -> list[NodeWithScore]:
         """The async :meth:`authorize`: the engine is awaited, the event loop never blocked by it."""
-        plan = _asking(nodes)
-        answers = [await acheck_allowed(self.batch, ctx, asked) for asked in plan.asked]
-        return self._authorized(nodes, ctx, _kept(nodes, plan, answers))
+        return self._authorized(nodes, ctx, await aauthorize_batch(nodes, ctx, self.batch))
 
     def facts(self, nodes: Sequence[NodeWithScore], authorized: Sequence[NodeWithScore], **more: Any) -> RetrievalFacts:
         """What the record says of a retrieval of ``nodes`` of which ``authorized`` passed the final check."""
@@ -298,7 +210,7 @@ class JudgedRetrieval:
         self, nodes: Sequence[NodeWithScore], ctx: RuntimeContext, authorized: list[NodeWithScore]
     ) -> list[NodeWithScore]:
         """``authorized``, after telling a ``MetadataAcl``'s user why nodes were denied (once per cause)."""
-        if isinstance(self.acl, MetadataAcl):
+        if isinstance(self.acl, MetadataAcl) and not nothing_to_diagnose(self.acl, ctx, len(nodes), len(authorized)):
             diagnose_denials(
                 self.acl,
                 ctx,
@@ -366,106 +278,6 @@ def check_query(query: str) -> None:
     """
     if not isinstance(query, str) or not query.strip():
         raise ValueError("the query must be a non-blank string: a blank query cannot be judged for relevance")
-
-
-@dataclass(frozen=True)
-class JudgeFailure:
-    """What a failed judgement can tell a user, without any text: the facts of the error."""
-
-    reason: str
-    error_type: str
-    status_code: int | None
-    retryable: bool
-    # What failed, when the error says it better than the reason's headline (an in-process timeout).
-    detail: str | None = None
-
-    def facts(self) -> dict[str, Any]:
-        """``error_type``, ``status_code`` and ``retryable``: what telemetry may say of the failure."""
-        return {"error_type": self.error_type, "status_code": self.status_code, "retryable": self.retryable}
-
-    @property
-    def summary(self) -> str:
-        """``reason, error class, HTTP status, retryable`` in one phrase (for logs)."""
-        status = f"HTTP {self.status_code}" if self.status_code is not None else "no HTTP status"
-        hint = "retryable" if self.retryable else "not retryable"
-        return f"{self.reason}, {self.error_type}, {status}, {hint}"
-
-    def message(self) -> str:
-        """The message of :class:`RetrievalUnavailableError`: what failed, whether to retry, what to do."""
-        status = f"HTTP {self.status_code}" if self.status_code is not None else "no HTTP status"
-        what = self.detail or _HEADLINES.get(self.reason, "the relevance judge failed")
-        return (
-            f"{what} ({self.reason}: {self.error_type}, {status}); this is not an empty result, the "
-            f"knowledge base was not searched to a conclusion. {self._advice()}"
-        )
-
-    def _advice(self) -> str:
-        if self.reason == "CANDIDATE_TOO_LARGE":
-            return "Retrying will not help: split the documents into smaller nodes."
-        if self.reason == "QUERY_TOO_LARGE":
-            return "Retrying will not help: shorten the query."
-        if self.reason == "UNENCODABLE_TEXT":
-            return "Retrying will not help: repair the lone surrogate where the text is decoded or ingested."
-        if self.reason == "TIMEOUT" and self.detail is not None:
-            return (
-                "Retrying will not help: the judge runs in this process and the same work takes as long again; "
-                "raise ExecutionOptions(budget=...) or judge fewer or shorter candidates."
-            )
-        if self.retryable:
-            return "Retrying later may help (the judge timed out, was rate limited, overloaded or unreachable)."
-        return f"Retrying will not help: {_not_retryable_advice(self.status_code)}"
-
-
-_HEADLINES = {
-    "CANDIDATE_TOO_LARGE": "a candidate is too large to judge in one request",
-    "QUERY_TOO_LARGE": "the query is too large to judge in one request",
-    "UNENCODABLE_TEXT": "the query or a candidate holds text that cannot be encoded",
-}
-
-
-def _not_retryable_advice(status: int | None) -> str:
-    if status in (401, 403):
-        return "the judge refused the API key; check TYPESAFE_API_KEY (or api_key=) and its permissions."
-    if status == 404:
-        return "the judge's endpoint or model was not found; check base_url and model."
-    if status in (400, 422):
-        return "the judge rejected the request; check the selector's configuration (question, request size)."
-    return "the judge could not answer this request; check its configuration (or the server's answers)."
-
-
-def describe_failure(decision: Decision) -> JudgeFailure:
-    """The facts of an ``ERROR`` decision: reason, error class, HTTP status, whether retrying can help.
-
-    Only a timeout (of the budget or an attempt) and errors the client marks retryable (408, 429,
-    529, 5xx, connection failures) count as retryable; a wrong key, a rejected request, an
-    invalid answer, data the judge cannot take or an unknown error do not.
-
-    Example:
-        >>> from llama_jev.core import Reason
-        >>> describe_failure(Decision(Status.ERROR, Reason.TIMEOUT, error=TimeoutError())).retryable
-        True
-    """
-    error = decision.error
-    status_code = error.status_code if isinstance(error, JevAPIError) else None
-    if isinstance(error, LocalJudgeTimeoutError):
-        # The judge computes in this process: the same work would run out of the same budget again.
-        return JudgeFailure(
-            reason=decision.reason.value,
-            error_type=type(error).__name__,
-            status_code=None,
-            retryable=False,
-            detail=error.message,
-        )
-    if isinstance(error, JevAPIError):
-        retryable = error.retryable or decision.reason is Reason.TIMEOUT
-    else:
-        retryable = isinstance(error, TimeoutError)
-    return JudgeFailure(
-        reason=decision.reason.value,
-        error_type=type(error).__name__ if error is not None else "unknown error",
-        status_code=status_code,
-        retryable=retryable,
-    )
 
 
 def _limit(nodes: list[NodeWithScore], limit: int | None) -> list[NodeWithScore]:

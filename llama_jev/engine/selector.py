@@ -1,31 +1,26 @@
 """``CandidateSelector``: one independent yes/no judgement per candidate, batched and concurrent.
 
-The rules live in pure functions (:func:`plan_batches`, :func:`classify`) and in the selector's
-``_plan`` / ``_finish`` / ``_failed`` steps; ``select`` and ``aselect`` differ only in how they
-wait for the batches (a thread pool shared by the process, or asyncio tasks).
+The rules live in pure functions (:func:`plan_batches`, :func:`classify` in ``batching.py``; the
+requests and the answers read back in ``plan.py``) and in the selector's ``_start`` / ``_finish`` /
+``_failed`` steps; ``select`` and ``aselect`` differ only in how they wait for the batches
+(``gather.py``: a thread pool shared by the process, or asyncio tasks).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llama_jev.core.errors import (
     CandidateTooLargeError,
-    JevInvalidResponseError,
     LocalJudgeTimeoutError,
     MissingRuntimeContextError,
     QueryTooLargeError,
     UnencodableTextError,
 )
-from llama_jev.core.models import copies_with
 from llama_jev.core.records import (
     DEFAULT_ACCEPT,
     DEFAULT_REJECT,
@@ -39,22 +34,6 @@ from llama_jev.core.records import (
     Selection,
     Status,
 )
-from llama_jev.systemone.governor import QueueWait, reporting_queue_wait
-from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge, runs_in_process
-from llama_jev.systemone.threads import BoundedCalls, call_within
-from llama_jev.systemone.wire import (
-    Instructions,
-    NoulAnswer,
-    NoulQuestion,
-    Question,
-    SystemOneRequest,
-    SystemOneResult,
-    check_result,
-)
-
-if TYPE_CHECKING:
-    from llama_jev.core.context import RuntimeContext
-
 from llama_jev.engine.batching import (
     _UNSENDABLE_REASONS,
     MAX_CANDIDATES,
@@ -65,6 +44,13 @@ from llama_jev.engine.batching import (
     even_out,
     plan_batches,
 )
+from llama_jev.engine.gather import agather, gather
+from llama_jev.engine.plan import Plan, plan_judgement, read_scores
+from llama_jev.systemone.judge import RELEVANCE_QUESTION, Judge, runs_in_process
+from llama_jev.systemone.wire import Instructions
+
+if TYPE_CHECKING:
+    from llama_jev.core.context import RuntimeContext
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -78,21 +64,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("llama_jev.selector")
-_BUDGET_RAN_OUT = "the judgement budget ran out before every batch was answered"
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """One judgement, ready to send: the requests and, per request, the candidate id of each item."""
-
-    requests: tuple[SystemOneRequest, ...]
-    ids: tuple[dict[str, str], ...]
-    count: int
-    # What the record says about the retrieval around the judgement (see DecisionRecord).
-    retrieval: RetrievalFacts = field(default_factory=RetrievalFacts)
-    query_key: str | None = None
-    # Where the judge reports how long requests waited for admission (DecisionRecord.queue_ms).
-    queue: QueueWait = field(default_factory=QueueWait, compare=False)
 
 
 class CandidateSelector:
@@ -176,51 +147,9 @@ class CandidateSelector:
 
     # --- the shared steps -----------------------------------------------------------------
 
-    def _plan(self, state: Instructions, question: str, candidates: Sequence[Candidate], **context: Any) -> _Plan:
-        """The requests for ``candidates``; ``context`` is what the record says around them (see _Plan)."""
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("the question must be a non-blank string")
-        if len(candidates) > MAX_CANDIDATES:
-            raise ValueError(f"{len(candidates)} candidates exceed the limit of {MAX_CANDIDATES} per judgement")
-        seen: set[str] = set()
-        for candidate in candidates:
-            if not isinstance(candidate, Candidate):
-                raise TypeError(f"candidates must be Candidate objects, got {type(candidate).__name__}")
-            if not isinstance(candidate.id, str) or not candidate.id.strip():
-                raise ValueError("candidate ids must be non-blank strings")
-            if not isinstance(candidate.text, str):
-                raise TypeError(f"candidate {candidate.id!r}: text must be a string")
-            if candidate.id in seen:
-                raise ValueError(f"duplicate candidate id {candidate.id!r}")
-            seen.add(candidate.id)
-        fixed = estimate_tokens(str(state)) + estimate_tokens(question)
-        batches = plan_batches(
-            candidates, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
-        )
-        batches = even_out(
-            batches, fixed_tokens=fixed, batch_size=self.batch_size, max_request_tokens=self.max_request_tokens
-        )
-        if batches and not isinstance(state, str):
-            # A structured state is the caller's and is validated once, by a full request; the
-            # questions are built from checked strings, so the requests are assembled without
-            # validating the same shapes a thousand times.
-            SystemOneRequest(state=state, questions={"item_0": NoulQuestion(instructions=question)})
-        template = NoulQuestion(instructions={"question": question, "candidate": ""})
-        requests, ids = [], []
-        for batch in batches:
-            items = [f"item_{index}" for index in range(len(batch))]
-            # The template with only the candidate changed, not validated: each is a checked str.
-            asked = copies_with(
-                template, "instructions", [{"question": question, "candidate": candidate.text} for candidate in batch]
-            )
-            questions: dict[str, Question] = dict(zip(items, asked, strict=True))
-            requests.append(SystemOneRequest.model_construct(state=state, questions=questions))
-            ids.append({item: candidate.id for item, candidate in zip(items, batch, strict=True)})
-        return _Plan(requests=tuple(requests), ids=tuple(ids), count=len(candidates), **context)
-
     def _record(
         self,
-        plan: _Plan,
+        plan: Plan,
         budget: Budget,
         status: Status,
         reason: Reason,
@@ -247,34 +176,14 @@ class CandidateSelector:
             queue_ms=plan.queue.ms,
         )
 
-    def _scores(self, plan: _Plan, results: Sequence[SystemOneResult]) -> tuple[dict[str, float], str | None]:
-        """Probability by candidate id, and the answering model(s), from checked results.
-
-        Any ``Judge`` is checked here, not only ``JevClient``: a wrong answer is a judge failure
-        (``ERROR``), never a selection. ``check_result`` skips results the client has already
-        checked against the same request, so each answer is walked once.
-        """
-        scores: dict[str, float] = {}
-        for request, ids, result in zip(plan.requests, plan.ids, results, strict=True):
-            answers = check_result(request, result).answers
-            for item, node_id in ids.items():
-                answer = answers[item]
-                p = answer.noul if isinstance(answer, NoulAnswer) else None
-                # Also for results built without validation (model_construct) by a custom judge.
-                if not (isinstance(p, float) and math.isfinite(p) and 0.0 <= p <= 1.0):
-                    raise JevInvalidResponseError(f"answer {item!r}: probability {p!r} is not in [0, 1]")
-                scores[node_id] = p
-        models = sorted({result.model for result in results})
-        return scores, ",".join(models) or None
-
-    def _finish(self, plan: _Plan, budget: Budget, scores: dict[str, float], model: str | None) -> Decision:
+    def _finish(self, plan: Plan, budget: Budget, scores: dict[str, float], model: str | None) -> Decision:
         selection = classify(scores, reject=self.reject, accept=self.accept)
         nothing_chosen = not selection.selected and selection.uncertain
         status = Status.INCONCLUSIVE if nothing_chosen else Status.DECIDED
         record = self._record(plan, budget, status, Reason.CLASSIFIED, selection, model)
         return Decision(status=status, reason=Reason.CLASSIFIED, selection=selection, record=record)
 
-    def _failed(self, plan: _Plan, budget: Budget, error: BaseException) -> Decision:
+    def _failed(self, plan: Plan, budget: Budget, error: BaseException) -> Decision:
         reason = Reason.TIMEOUT if isinstance(error, TimeoutError) else Reason.CALL_OR_RESPONSE_ERROR
         if reason is Reason.TIMEOUT and runs_in_process(self.judge) and not isinstance(error, LocalJudgeTimeoutError):
             # Nothing remote was slow: the judge's own work outgrew the budget, and would again.
@@ -284,7 +193,7 @@ class CandidateSelector:
         record = self._record(plan, budget, Status.ERROR, reason)
         return Decision(status=Status.ERROR, reason=reason, record=record, error=error)
 
-    def _skipped(self, plan: _Plan, budget: Budget) -> Decision:
+    def _skipped(self, plan: Plan, budget: Budget) -> Decision:
         selection = Selection()
         record = self._record(plan, budget, Status.SKIPPED, Reason.NO_CANDIDATES, selection)
         return Decision(status=Status.SKIPPED, reason=Reason.NO_CANDIDATES, selection=selection, record=record)
@@ -296,7 +205,7 @@ class CandidateSelector:
         candidates: Sequence[Candidate],
         ctx: RuntimeContext | None,
         retrieval: RetrievalFacts,
-    ) -> Decision | tuple[_Plan, Budget]:
+    ) -> Decision | tuple[Plan, Budget]:
         """A finished decision when nothing is to be asked (mode OFF, no candidate), else the plan."""
         if self.options.mode is Mode.OFF:
             return Decision(status=Status.SKIPPED, reason=Reason.MODE_OFF)
@@ -308,14 +217,22 @@ class CandidateSelector:
         try:
             unsendable = _unencodable(state, candidates)
             if unsendable is None:
-                plan = self._plan(state, question, candidates, retrieval=retrieval, query_key=key)
+                plan = plan_judgement(
+                    state,
+                    question,
+                    candidates,
+                    batch_size=self.batch_size,
+                    max_request_tokens=self.max_request_tokens,
+                    retrieval=retrieval,
+                    query_key=key,
+                )
         except (CandidateTooLargeError, QueryTooLargeError) as error:
             unsendable = error
         if unsendable is not None:
             # Data the judge cannot take is an unavailable judgement, not bad arguments: SHADOW
             # keeps serving, ENFORCE reports it, nothing is truncated or skipped.
             reason = _UNSENDABLE_REASONS[type(unsendable)]
-            empty = _Plan((), (), len(candidates), retrieval=retrieval, query_key=key)
+            empty = Plan((), (), len(candidates), retrieval=retrieval, query_key=key)
             record = self._record(empty, budget, Status.ERROR, reason)
             return self.observe(ctx, Decision(Status.ERROR, reason, record=record, error=unsendable))
         if not plan.requests:
@@ -388,38 +305,10 @@ class CandidateSelector:
             return started
         plan, budget = started
         try:
-            scores, model = self._scores(plan, self._gather(plan, budget))
+            scores, model = read_scores(plan, gather(self.judge, plan, budget, self.max_concurrency))
         except Exception as error:
             return self.observe(ctx, self._failed(plan, budget, error))
         return self._sample(state, candidates, self.observe(ctx, self._finish(plan, budget, scores, model)))
-
-    def _gather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
-        # Batches run on other threads, even a single one, so the budget holds for a judge that
-        # ignores its timeout; one batch (the usual retrieval) takes the lighter hand-off.
-        with reporting_queue_wait(plan.queue):  # each batch's copied context reports its waits here
-            runs = [partial(contextvars.copy_context().run, self._call_sync, each, budget) for each in plan.requests]
-        if len(runs) == 1:
-            return [call_within(runs[0], budget.remaining(), expired=_BUDGET_RAN_OUT)]
-        calls: BoundedCalls[SystemOneResult] = BoundedCalls(self.max_concurrency)  # the shared pool, bounded
-        futures = [calls.submit(run) for run in runs]
-        try:
-            done, pending = concurrent.futures.wait(
-                futures, timeout=budget.remaining(), return_when=concurrent.futures.FIRST_EXCEPTION
-            )
-        finally:
-            calls.cancel()
-        for future in futures:
-            if future in done and future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
-        if pending:
-            raise TimeoutError(_BUDGET_RAN_OUT)
-        return [future.result() for future in futures]
-
-    def _call_sync(self, request: SystemOneRequest, budget: Budget) -> SystemOneResult:
-        left = budget.remaining()
-        if left <= 0:
-            raise TimeoutError("the judgement budget ran out before this batch was sent")
-        return self.judge.system_one(request, timeout=left)
 
     # --- async ----------------------------------------------------------------------------
 
@@ -442,7 +331,7 @@ class CandidateSelector:
             return started
         plan, budget = started
         try:
-            scores, model = self._scores(plan, await self._agather(plan, budget))
+            scores, model = read_scores(plan, await agather(self.judge, plan, budget, self.max_concurrency))
         except asyncio.CancelledError:
             record = self._record(plan, budget, Status.CANCELLED, Reason.CANCELLED)
             self.observe(ctx, Decision(status=Status.CANCELLED, reason=Reason.CANCELLED, record=record))
@@ -450,35 +339,6 @@ class CandidateSelector:
         except Exception as error:
             return self.observe(ctx, self._failed(plan, budget, error))
         return self._sample(state, candidates, self.observe(ctx, self._finish(plan, budget, scores, model)))
-
-    async def _agather(self, plan: _Plan, budget: Budget) -> list[SystemOneResult]:
-        limit = asyncio.Semaphore(self.max_concurrency)
-
-        async def call(request: SystemOneRequest) -> SystemOneResult:
-            async with limit:
-                left = budget.remaining()
-                if left <= 0:
-                    raise TimeoutError("the judgement budget ran out before this batch was sent")
-                return await self.judge.asystem_one(request, timeout=left)
-
-        with reporting_queue_wait(plan.queue):  # each task's copied context reports its waits here
-            tasks = [asyncio.ensure_future(call(request)) for request in plan.requests]
-        try:
-            done, pending = await asyncio.wait(tasks, timeout=budget.remaining(), return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            # Whatever ends the wait (an error, the budget, the caller's cancellation), no batch
-            # is left running behind the decision.
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-        if any(task not in done for task in tasks):
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for task in tasks:
-            if task in done and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-        if pending:
-            raise TimeoutError("the judgement budget ran out before every batch was answered")
-        return [task.result() for task in tasks]
 
 
 def _bound_context() -> RuntimeContext | None:

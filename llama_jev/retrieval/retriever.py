@@ -130,6 +130,12 @@ class JevRetriever(BaseRetriever):
         if not 1 <= candidate_limit <= MAX_CANDIDATES:
             raise ValueError(f"candidate_limit must be between 1 and {MAX_CANDIDATES}, got {candidate_limit}")
         own_top_k = _top_k_of(retriever)
+        if top_k is None and own_top_k is not None and own_top_k < 1:
+            # The error names what the user wrote: the wrapped retriever's similarity_top_k.
+            raise ValueError(
+                f"the wrapped retriever's similarity_top_k must be a positive integer, got {own_top_k!r}; "
+                "set it when building the retriever (index.as_retriever(similarity_top_k=5)) or pass top_k="
+            )
         top_k = own_top_k if top_k is None else top_k
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
@@ -242,19 +248,19 @@ class JevRetriever(BaseRetriever):
     @_no_own_span
     def retrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Retrieve for the bound identity, or for ``ctx`` when given."""
+        bundle = _bundle(str_or_query_bundle)  # refuses None (or a blank string) before anything runs
         with bind_if_given(ctx):
             if self._traced():
                 return super().retrieve(str_or_query_bundle)
-            bundle = _bundle(str_or_query_bundle)
             return self._handle_recursive_retrieval(bundle, self._retrieve(bundle))
 
     @_no_own_span
     async def aretrieve(self, str_or_query_bundle: QueryType, ctx: RuntimeContext | None = None) -> list[NodeWithScore]:
         """Async :meth:`retrieve`."""
+        bundle = _bundle(str_or_query_bundle)
         with bind_if_given(ctx):
             if self._traced():
                 return await super().aretrieve(str_or_query_bundle)
-            bundle = _bundle(str_or_query_bundle)
             return await self._ahandle_recursive_retrieval(bundle, await self._aretrieve(bundle))
 
     def _traced(self) -> bool:
@@ -443,8 +449,16 @@ class _Query:
 
 
 def _bundle(query: QueryType) -> QueryBundle:
-    # What BaseRetriever.retrieve makes of its argument.
-    return QueryBundle(query) if isinstance(query, str) else query
+    """What BaseRetriever.retrieve makes of its argument; anything but a non-blank string or a bundle is refused.
+
+    Raises:
+        ValueError: ``query`` is neither a ``QueryBundle`` nor a non-blank string (``None``, say),
+            as a blank string is refused (one rule: :func:`check_query`).
+    """
+    if isinstance(query, QueryBundle):
+        return query
+    check_query(query)
+    return QueryBundle(query)
 
 
 def _top_k_of(retriever: BaseRetriever) -> int | None:

@@ -32,7 +32,8 @@ from llama_jev.core.records import (
     Reason,
     Status,
 )
-from llama_jev.engine.pipeline import JevDecisionEvent, describe_failure
+from llama_jev.engine.failures import describe_failure
+from llama_jev.engine.pipeline import JevDecisionEvent
 from llama_jev.engine.selector import Candidate, CandidateSelector, estimate_tokens
 from llama_jev.review.outcome import (
     DRAFT_ID,

@@ -10,7 +10,7 @@ from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageR
 
 from llama_jev.core.errors import ResponseWithheldError
 from llama_jev.core.records import Decision, DecisionRecord, Reason, Status
-from llama_jev.engine.pipeline import describe_failure
+from llama_jev.engine.failures import describe_failure
 from llama_jev.review.outcome import REVISION_PROMPT, WithheldReason, _Revision
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from llama_jev.systemone.client import (
 from llama_jev.systemone.governor import (
     Governor as Governor,
 )
-from llama_jev.systemone.governor import (
+from llama_jev.systemone.governor_stats import (
     GovernorStats as GovernorStats,
 )
 from llama_jev.systemone.judge import (

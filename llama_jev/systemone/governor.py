@@ -18,34 +18,27 @@ The core is a lock and a queue of waiters; a sync waiter sleeps on a ``threading
 waiter on a future of its own loop, woken with ``call_soon_threadsafe``, so an event loop never
 blocks on the lock for longer than a few dictionary operations.
 
-Queue wait is also reported to :func:`measure_queue_wait`, the side channel the selector reads
-to fill ``DecisionRecord.queue_ms`` without changing the :class:`~llama_jev.Judge` protocol.
+Queue wait is also reported to :func:`~llama_jev.systemone.queue_wait.measure_queue_wait`, the
+side channel the selector reads to fill ``DecisionRecord.queue_ms`` without changing the
+:class:`~llama_jev.Judge` protocol. The waiters and permits live in ``admission.py``, the
+snapshot in ``governor_stats.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 from llama_jev.core.errors import JevTimeoutError
+from llama_jev.systemone.admission import Permit, Waiter, queue_timeout
+from llama_jev.systemone.governor_stats import GovernorStats
 
-__all__ = [
-    "Governor",
-    "GovernorStats",
-    "Permit",
-    "QueueWait",
-    "current_queue_wait_ms",
-    "measure_queue_wait",
-    "report_queue_wait",
-    "reporting_queue_wait",
-]
+# GovernorStats and Permit are what the governor hands out, re-exported beside it.
+__all__ = ["Governor", "GovernorStats", "Permit"]
 
 # What the server told us by a response's status: slow down, or all is well.
 _SLOW_DOWN = frozenset({429, 529})
@@ -53,93 +46,6 @@ _SLOW_DOWN = frozenset({429, 529})
 # the limit's own growth, since each probe past what the server admits costs a refusal or a timeout.
 _CEILING_PATIENCE = 4
 _SLOW_SHARE = 0.5  # the share of its timeout an answer may take with one more request beside it
-
-
-@dataclass(frozen=True)
-class GovernorStats:
-    """A snapshot of a :class:`Governor` (``JevClient.stats``).
-
-    Attributes:
-        limit: requests currently allowed in flight (adapts between ``min_limit`` and ``max_limit``).
-        min_limit / max_limit: the bounds of ``limit``.
-        in_flight: requests admitted and not yet answered.
-        queued: requests waiting for admission.
-        paused_for: seconds until a ``Retry-After`` pause ends (0.0: not paused).
-        admitted: requests admitted since the client was created.
-        rate_limited / overloaded: 429 / 529 answers received.
-        queue_timeouts: requests that gave up waiting because their deadline came first.
-        queue_wait_seconds: total time requests spent waiting for admission.
-        max_queue_wait_seconds: the longest single wait.
-        timed_out: attempts that timed out (congestion, as a 429).
-        ceiling: the most in flight the server has been seen to take (``max_limit`` until it pushes back).
-    """
-
-    limit: int
-    min_limit: int
-    max_limit: int
-    in_flight: int
-    queued: int
-    paused_for: float
-    admitted: int
-    rate_limited: int
-    overloaded: int
-    queue_timeouts: int
-    queue_wait_seconds: float
-    max_queue_wait_seconds: float
-    timed_out: int = 0
-    ceiling: int = 0
-
-
-@dataclass(frozen=True)
-class Permit:
-    """An admitted request; hand it back to :meth:`Governor.release` exactly once."""
-
-    epoch: int
-    waited: float
-
-
-class _Waiter:
-    """One queued request: woken by whoever grants it a slot, by a new pause (to look at its
-    end), or by its own timeout. The ``granted`` flag, read under the governor's lock, is the
-    truth; a wake only says "look again"."""
-
-    __slots__ = ("event", "future", "granted", "loop", "meter", "started")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.granted = False
-        self.loop = loop
-        self.started = time.monotonic()
-        # The judgement this request belongs to (a contextvar, read here in the caller's context).
-        self.meter = _CURRENT_WAIT.get()
-        if self.meter is not None:
-            self.meter.begin(id(self), self.started)
-        self.event: threading.Event | None = None if loop is not None else threading.Event()
-        self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
-
-    def arm(self) -> None:
-        """Ready the wake-up for the next sleep (with the governor's lock held, in the waiter's
-        own thread or loop), so no wake given after this is lost."""
-        if self.event is not None:
-            self.event.clear()
-        elif self.loop is not None and self.future is not None and self.future.done():
-            self.future = self.loop.create_future()
-
-    def wake(self) -> bool:
-        """Wake the waiter; ``False`` when it cannot be woken (its event loop is closed)."""
-        if self.event is not None:
-            self.event.set()
-            return True
-        if self.loop is not None and self.future is not None:
-            try:
-                self.loop.call_soon_threadsafe(_resolve, self.future)
-            except RuntimeError:
-                return False
-        return True
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class Governor:
@@ -176,7 +82,7 @@ class Governor:
         self._limit = float(max_limit)
         self._ceiling = float(max_limit)
         self._in_flight = 0
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters: deque[Waiter] = deque()
         self._paused_until = 0.0
         # A decrease applies once per generation of requests: the 16 requests that were in flight
         # together when the server said "too many" are one signal, not sixteen halvings.
@@ -249,19 +155,19 @@ class Governor:
             for waiter in self._waiters:
                 waiter.wake()
 
-    def _enter(self, deadline: float | None, loop: asyncio.AbstractEventLoop | None) -> Permit | _Waiter:
+    def _enter(self, deadline: float | None, loop: asyncio.AbstractEventLoop | None) -> Permit | Waiter:
         now = time.monotonic()
         with self._lock:
             if not self._waiters and self._can_admit(now):
                 return self._grant()
             if deadline is not None and (deadline <= now or self._paused_until >= deadline):
                 self._queue_timeouts += 1
-                raise _queue_timeout(self._paused_until > now)
-            waiter = _Waiter(loop)
+                raise queue_timeout(self._paused_until > now)
+            waiter = Waiter(loop)
             self._waiters.append(waiter)
             return waiter
 
-    def _next_wake(self, waiter: _Waiter, deadline: float | None) -> Permit | float | None:
+    def _next_wake(self, waiter: Waiter, deadline: float | None) -> Permit | float | None:
         """The permit once granted; else how long to sleep before looking again (None: until woken)."""
         now = time.monotonic()
         with self._lock:
@@ -276,19 +182,19 @@ class Governor:
                 self._waiters.remove(waiter)
                 self._queue_timeouts += 1
                 self._note_wait(waiter, now - waiter.started)
-                raise _queue_timeout(self._paused_until > now)
+                raise queue_timeout(self._paused_until > now)
             wake_at = deadline
             if self._paused_until > now:
                 wake_at = self._paused_until if wake_at is None else min(wake_at, self._paused_until)
             return None if wake_at is None else max(0.0, wake_at - now)
 
-    def _note_wait(self, waiter: _Waiter, waited: float) -> None:
+    def _note_wait(self, waiter: Waiter, waited: float) -> None:
         self._waited += waited
         self._max_waited = max(self._max_waited, waited)
         if waiter.meter is not None:
             waiter.meter.end(id(waiter), waited)
 
-    def _abandon(self, waiter: _Waiter) -> None:
+    def _abandon(self, waiter: Waiter) -> None:
         """The waiter's caller went away (cancelled, interrupted): give back what it holds."""
         with self._lock:
             if waiter.granted:
@@ -401,98 +307,3 @@ class Governor:
         """Admit nothing for ``seconds`` (what a ``Retry-After`` does), capped at ``max_pause``."""
         with self._lock:
             self._pause_until(time.monotonic() + min(max(0.0, seconds), self.max_pause))
-
-
-def _queue_timeout(paused: bool) -> JevTimeoutError:
-    why = "the server asked for a pause (Retry-After) that ends" if paused else "no request slot was free"
-    return JevTimeoutError(
-        f"the time budget ran out waiting for admission: {why} after the deadline "
-        "(the client's requests in flight are bounded; see JevClient.stats)",
-        retryable=True,
-    )
-
-
-class QueueWait:
-    """The longest time one request of a judgement waited for admission (see :func:`measure_queue_wait`).
-
-    A wait still going on counts as far as it has got, so a judgement that ends while a request
-    is queued (its budget ran out) records that wait too.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seconds = 0.0
-        self._open: dict[int, float] = {}
-
-    def add(self, seconds: float) -> None:
-        """Note one request's finished wait (requests of a judgement report from several threads)."""
-        with self._lock:
-            self._seconds = max(self._seconds, seconds)
-
-    def begin(self, key: int, at: float) -> None:
-        """A request (``key``) started waiting at monotonic time ``at``."""
-        with self._lock:
-            self._open[key] = at
-
-    def end(self, key: int, seconds: float) -> None:
-        """The request ``key`` stopped waiting after ``seconds``."""
-        with self._lock:
-            self._open.pop(key, None)
-            self._seconds = max(self._seconds, seconds)
-
-    @property
-    def seconds(self) -> float:
-        """The longest single wait so far (finished or not), in seconds."""
-        now = time.monotonic()
-        with self._lock:
-            ongoing = max((now - at for at in self._open.values()), default=0.0)
-            return max(self._seconds, ongoing)
-
-    @property
-    def ms(self) -> float:
-        """The same, in milliseconds."""
-        return self.seconds * 1000.0
-
-
-_CURRENT_WAIT: contextvars.ContextVar[QueueWait | None] = contextvars.ContextVar("llama_jev_queue_wait", default=None)
-
-
-@contextlib.contextmanager
-def measure_queue_wait() -> Iterator[QueueWait]:
-    """Collect the admission waits of requests sent inside this block (threads started with a
-    copy of the context and asyncio tasks included).
-
-    The selector wraps each judgement in it to fill ``DecisionRecord.queue_ms``; a custom judge
-    with a queue of its own reports into it with :func:`report_queue_wait`.
-
-    Example:
-        >>> with measure_queue_wait() as waited:
-        ...     report_queue_wait(0.25)
-        >>> waited.ms
-        250.0
-    """
-    with reporting_queue_wait(QueueWait()) as meter:
-        yield meter
-
-
-@contextlib.contextmanager
-def reporting_queue_wait(meter: QueueWait) -> Iterator[QueueWait]:
-    """Like :func:`measure_queue_wait`, into a ``meter`` the caller already holds."""
-    token = _CURRENT_WAIT.set(meter)
-    try:
-        yield meter
-    finally:
-        _CURRENT_WAIT.reset(token)
-
-
-def report_queue_wait(seconds: float) -> None:
-    """Tell the enclosing :func:`measure_queue_wait` block that a request waited ``seconds``."""
-    meter = _CURRENT_WAIT.get()
-    if meter is not None:
-        meter.add(seconds)
-
-
-def current_queue_wait_ms() -> float:
-    """The longest wait reported so far in the enclosing :func:`measure_queue_wait` block (0.0 outside one)."""
-    meter = _CURRENT_WAIT.get()
-    return 0.0 if meter is None else meter.ms

@@ -288,3 +288,24 @@ def test_a_caveat_value_spicedb_cannot_read_fails_closed_naming_the_caveat_conte
         RuntimeContext(user_id="carol", attributes={"ip": "10.1.2.3"}), [TextNode(id_="payroll", text="x")]
     ) == {"payroll"}
     acl.close()
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_the_example_policy_reads_public_as_metadata_acl_does_for_true_and_the_string_true(
+    pdp: Any, transport: str
+) -> None:
+    from llama_jev.acl import Conditional, MetadataAcl, evaluate
+
+    flags: list[Any] = [True, "true", False, "false", "True", None, ["true"]]
+    nodes = [
+        TextNode(id_=f"n{i}", text="x", metadata={"tenant": "acme", "public": flag}) for i, flag in enumerate(flags)
+    ]
+    ctx = RuntimeContext(user_id="u9", tenant_id="acme")
+    with CerbosAcl(pdp.url if transport == "http" else pdp.grpc_address, timeout=30) as acl:
+        allowed = acl.allowed(ctx, nodes)
+        plan = acl.restriction(ctx)
+    assert allowed == {"n0", "n1"}
+    assert isinstance(plan, Conditional)
+    assert {node.node_id for node in nodes if evaluate(plan.condition, node.node_id, node.metadata)} == allowed
+    metadata_acl = MetadataAcl(tenant_key="tenant", public_key="public")
+    assert {node.node_id for node in nodes if metadata_acl(ctx, node)} == allowed

@@ -309,3 +309,43 @@ def test_the_example_policy_reads_public_as_metadata_acl_does_for_true_and_the_s
     assert {node.node_id for node in nodes if evaluate(plan.condition, node.node_id, node.metadata)} == allowed
     metadata_acl = MetadataAcl(tenant_key="tenant", public_key="public")
     assert {node.node_id for node in nodes if metadata_acl(ctx, node)} == allowed
+
+
+# -- the engine pages: every python block runs (tests/test_readme.py) or is complete as pasted --------
+
+
+def _undefined_names(code: str) -> set[str]:
+    """Names a block reads that it neither imports, assigns nor gets from builtins (Python's own symbol table)."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<block>", "exec")
+    defined = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_assigned() or symbol.is_imported()}
+    known = defined | set(dir(builtins))
+    missing: set[str] = set()
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for symbol in table.get_symbols():
+            free_here = symbol.is_global() or table is top
+            if symbol.is_referenced() and free_here and symbol.get_name() not in known:
+                missing.add(symbol.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return missing
+
+
+@pytest.mark.parametrize("page", ["permissions-cerbos.md", "permissions-spicedb.md"])
+def test_every_python_block_of_the_engine_pages_is_complete_as_pasted(page: str) -> None:
+    from .test_readme import blocks
+
+    shown = [block for block in blocks(REPO / "docs" / page) if block.language == "python"]
+    assert shown
+    for block in shown:
+        assert _undefined_names(block.code) == set(), block.name
+
+
+def test_the_completeness_check_finds_a_name_the_block_does_not_import() -> None:
+    assert _undefined_names("acl = SpiceDBAcl('x:1')\nprint(acl)\n") == {"SpiceDBAcl"}
+    assert _undefined_names("from a import b\nprint([b(x) for x in range(3)])\n") == set()

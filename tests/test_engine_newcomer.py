@@ -130,6 +130,15 @@ def test_http_at_the_grpc_port_says_so_and_is_not_an_outage(pdp: Any) -> None:
     assert pdp.grpc_address in str(e.value)
 
 
+def test_https_at_a_plaintext_pdp_says_so_and_is_not_an_outage(pdp: Any) -> None:
+    url = f"https://127.0.0.1:{pdp.http_port}"
+    with CerbosAcl(url, timeout=30) as acl, pytest.raises(PermissionsUnavailableError) as raised:
+        acl.restriction(RuntimeContext(user_id="u1", tenant_id="acme"))
+    assert (raised.value.reason, raised.value.retryable) == ("REFUSED", False)
+    assert "a plaintext PDP? give http://" in str(raised.value)
+    assert url in str(raised.value)
+
+
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_a_batch_over_the_pdp_limit_names_batch_size(pdp: Any, transport: str) -> None:
     url = pdp.url if transport == "http" else pdp.grpc_address
@@ -232,6 +241,26 @@ def test_document_ids_spicedb_does_not_hold_are_warned_once(
     assert "document_id_key" in said[0]
     assert not any(word in said[0] for word in ("alice", "bob", "refund-policy"))
     acl.close()
+
+
+def test_the_async_path_warns_once_too(spicedb: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    from examples.spicedb_permissions import QUESTION, build_index
+
+    acl = SpiceDBAcl(spicedb.target, preshared_key=spicedb.preshared_key, insecure=True)
+    selector = CandidateSelector(ScriptedJudge(lambda *args: 0.9), ExecutionOptions(mode=Mode.OFF))
+    search = JevRetriever.from_index(build_index(), selector, acl, top_k=4, prefilter=False)
+
+    async def twice() -> None:
+        for _ in range(2):
+            with runtime_context(RuntimeContext(user_id="alice")):
+                assert await search.aretrieve(QUESTION) == []
+        await acl.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="llama_jev"):
+        asyncio.run(twice())
+    assert len([record for record in caplog.records if DENIED_ALL in record.getMessage()]) == 1
 
 
 def test_a_right_document_key_warns_nothing(spicedb: Any, caplog: pytest.LogCaptureFixture) -> None:

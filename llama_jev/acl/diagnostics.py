@@ -251,8 +251,10 @@ def warn_engine_denied_all(acl: object, asked: int, allowed: int) -> None:
         ...     denial_causes = "resource_kind and action (names the policy has)"
         >>> warn_engine_denied_all(Engine(), asked=3, allowed=0)   # logs one WARNING
     """
+    if allowed or asked < 1:  # the usual case, decided before anything else is looked at
+        return
     causes = getattr(acl, "denial_causes", None)
-    if asked < 1 or allowed or not isinstance(causes, str):
+    if not isinstance(causes, str):
         return
     warn_engine_once(
         acl,

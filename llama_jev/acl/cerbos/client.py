@@ -134,8 +134,7 @@ def _classify(error: Exception, what: str, url: str) -> PermissionsUnavailableEr
     if isinstance(error, httpx.ConnectError) and "SSL" in str(error) and url.startswith("https://"):
         return _error(
             f"the TLS handshake with {where} failed for {what} (a plaintext PDP? give http://, not https://)",
-            "UNREACHABLE",
-            retryable=True,
+            "REFUSED",  # a setting, not an outage: asking again fails again
         )
     if isinstance(error, httpx.TransportError):
         return _error(

@@ -221,7 +221,7 @@ def test_a_lookup_cut_short_is_never_read_as_complete(spicedb: SpiceDBServer, us
 
 @both
 def test_a_failed_lookup_is_no_pushdown(use_async: bool) -> None:
-    acl = SpiceDBAcl(closed_port(), insecure=True, timeout=2)
+    acl = SpiceDBAcl(closed_port(), preshared_key=None, insecure=True, timeout=2)
     assert isinstance(restriction(acl, RuntimeContext(user_id="alice"), use_async=use_async), Unknown)
 
 
@@ -381,7 +381,7 @@ def test_no_nodes_asks_nothing(spicedb: SpiceDBServer) -> None:
 
 @both
 def test_spicedb_down_raises_and_allows_nothing(use_async: bool) -> None:
-    acl = SpiceDBAcl(closed_port(), insecure=True, document_id_key="document", timeout=2)
+    acl = SpiceDBAcl(closed_port(), preshared_key=None, insecure=True, document_id_key="document", timeout=2)
     with pytest.raises(PermissionsUnavailableError) as raised:
         allowed(acl, RuntimeContext(user_id="alice"), chunks(DOCUMENTS), use_async=use_async)
     assert (raised.value.engine, raised.value.reason, raised.value.retryable) == ("spicedb", "UNREACHABLE", True)
@@ -430,7 +430,10 @@ def test_a_tls_client_against_a_plaintext_spicedb_fails_closed(spicedb: SpiceDBS
     acl = SpiceDBAcl(spicedb.target, preshared_key=spicedb.preshared_key, document_id_key="document", timeout=2)
     with pytest.raises(PermissionsUnavailableError) as raised:
         acl.allowed(RuntimeContext(user_id="alice"), chunks(DOCUMENTS))
-    assert raised.value.reason == "UNREACHABLE"
+    # A setting, not an outage: not retryable, and the message says what to change.
+    assert (raised.value.reason, raised.value.retryable) == ("REFUSED", False)
+    assert "plaintext server? pass insecure=True" in str(raised.value)
+    assert spicedb.target in str(raised.value)
 
 
 # -- consistency --

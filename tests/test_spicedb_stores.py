@@ -306,7 +306,7 @@ def test_spicedb_slow_or_down_fails_the_retrieval_in_every_mode(spicedb: SpiceDB
     index = VectorStoreIndex(NODES, embed_model=HashEmbedding(dimensions=8))
     selector = CandidateSelector(ScriptedJudge(lambda *_: 0.9), ExecutionOptions(mode=mode))
     if fault == "down":
-        acl = SpiceDBAcl(closed_port(), insecure=True, document_id_key="ref_doc_id", timeout=2)
+        acl = SpiceDBAcl(closed_port(), preshared_key=None, insecure=True, document_id_key="ref_doc_id", timeout=2)
     else:
         acl = acl_for(spicedb, timeout=0.1)
     retriever = JevRetriever.from_index(index, selector, acl, top_k=5)

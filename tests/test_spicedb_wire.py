@@ -45,7 +45,7 @@ from llama_jev.errors import PermissionsUnavailableError
 )
 def test_a_configuration_spicedb_would_refuse_is_a_value_error(options: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(options))):
-        SpiceDBAcl("localhost:50051", **options)
+        SpiceDBAcl("localhost:50051", preshared_key="key", **options)
 
 
 def test_an_empty_target_is_a_value_error() -> None:

@@ -12,7 +12,8 @@ Beside the plain ``acl(ctx, node) -> bool`` callable, an ACL object may offer (:
 An engine that cannot decide raises :class:`~llama_jev.errors.PermissionsUnavailableError`; it
 never answers with a guess. :func:`batch_acl` turns any ACL the package accepts into one, and
 :func:`checked_allowed` / :func:`acheck_allowed` ask it, refusing an answer that is not a set of
-the ids asked about.
+the ids asked about; an engine that denied every node asked is said once
+(:func:`~llama_jev.acl.diagnostics.warn_engine_denied_all`).
 
 Example::
 
@@ -32,6 +33,7 @@ from typing import Protocol, runtime_checkable
 from llama_index.core.schema import BaseNode
 
 from llama_jev.acl.conditions import Conditional, Everything, Ids, Nothing, Restriction, Unknown
+from llama_jev.acl.diagnostics import warn_engine_denied_all
 from llama_jev.acl.rules import check_acl
 from llama_jev.core.errors import PermissionsUnavailableError
 from llama_jev.core.identity import RuntimeContext
@@ -143,14 +145,18 @@ def checked_allowed(acl: BatchAcl, ctx: RuntimeContext, nodes: Sequence[BaseNode
     """
     if not nodes:
         return set()
-    return _checked(acl, nodes, acl.allowed(ctx, nodes))
+    allowed = _checked(acl, nodes, acl.allowed(ctx, nodes))
+    warn_engine_denied_all(acl, len(nodes), len(allowed))
+    return allowed
 
 
 async def acheck_allowed(acl: BatchAcl, ctx: RuntimeContext, nodes: Sequence[BaseNode]) -> set[str]:
     """The async :func:`checked_allowed`."""
     if not nodes:
         return set()
-    return _checked(acl, nodes, await acl.aallowed(ctx, nodes))
+    allowed = _checked(acl, nodes, await acl.aallowed(ctx, nodes))
+    warn_engine_denied_all(acl, len(nodes), len(allowed))
+    return allowed
 
 
 def checked_restriction(engine: str, answer: object) -> Restriction:

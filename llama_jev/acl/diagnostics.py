@@ -8,12 +8,18 @@ distinct cause (per set of absent keys, per tenant key, per unreadable value typ
 retriever or postprocessor (each passes its own ``seen`` set), never per query. Which keys a
 whole store lacks is asked of the store (``llama_jev.stores``); these functions word the answer.
 They name keys and counts only, never metadata values, node text or query text.
+
+An engine (``CerbosAcl``, ``SpiceDBAcl``) denies silently too when it is asked about names its
+policy or schema lacks, or about ids it holds no grant for: :func:`warn_engine_denied_all` says so
+once per ACL object (the engine lists its likely causes, by option name, in ``denial_causes``),
+and :func:`warn_engine_once` carries an engine's own once-per-ACL warnings.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +31,9 @@ __all__ = [
     "diagnose_denials",
     "malformed_values",
     "nothing_to_diagnose",
+    "warn_engine_denied_all",
+    "warn_engine_matched_nothing",
+    "warn_engine_once",
     "warn_keys_absent",
     "warn_malformed",
 ]
@@ -37,6 +46,8 @@ _LOCK = threading.Lock()
 _MAX_KEYS_SHOWN = 20
 # Keys LlamaIndex itself adds to stored metadata: naming them would only hide the user's keys.
 _INTERNAL_KEYS = frozenset({"doc_id", "document_id", "ref_doc_id"})
+# What each engine ACL object has already been warned about: weak, so an ACL's record goes with it.
+_ENGINE_SEEN: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _warn_once(cause: tuple[str, ...], message: str, *args: object, seen: set[tuple[str, ...]]) -> None:
@@ -221,3 +232,69 @@ def nothing_to_diagnose(acl: MetadataAcl, ctx: RuntimeContext, retrieved: int, a
     the usual retrieval (nothing denied) that gathering was a visit to every node for nothing.
     """
     return retrieved == authorized and not (acl.tenant_key is not None and ctx.tenant_id is None)
+
+
+def warn_engine_once(acl: object, cause: str, message: str, *args: object) -> None:
+    """Log ``message`` once per ``acl`` object and ``cause`` (a new ACL, corrected or not, is told again).
+
+    For an engine's configuration warnings; ``message`` names options and counts, never an id or value.
+    """
+    with _LOCK:
+        seen = _ENGINE_SEEN.setdefault(acl, set())
+        if cause in seen:
+            return
+        seen.add(cause)
+    logger.warning(message, *args, extra={"jev_cause": ("engine", cause)})
+
+
+def warn_engine_denied_all(acl: object, asked: int, allowed: int) -> None:
+    """Warn once per ACL when its engine denied every one of ``asked`` nodes (``allowed`` is 0).
+
+    An engine asked about a resource kind, action or definition its policy or schema lacks, or
+    about ids it holds no grant for (node ids where grants name documents), denies everything
+    and ``[]`` reads like "no answer in the knowledge base". The ACL's ``denial_causes`` names
+    what to check (option names); an ACL without one (``MetadataAcl``, a callable) is not told
+    here: ``MetadataAcl`` has the key checks above.
+
+    Example::
+
+        >>> class Engine:
+        ...     engine = "example"
+        ...     denial_causes = "resource_kind and action (names the policy has)"
+        >>> warn_engine_denied_all(Engine(), asked=3, allowed=0)   # logs one WARNING
+    """
+    if allowed or asked < 1:  # the usual case, decided before anything else is looked at
+        return
+    causes = getattr(acl, "denial_causes", None)
+    if not isinstance(causes, str):
+        return
+    warn_engine_once(
+        acl,
+        "denied-all",
+        "%s: the engine denied every node of %d; if this caller should read some of them, check %s",
+        type(acl).__name__,
+        asked,
+        causes,
+    )
+
+
+def warn_engine_matched_nothing(acl: object, restriction: str) -> None:
+    """Warn once per ACL when the store found no node at all under the engine's pushed-down ``restriction``.
+
+    The engine permits something (an allow-list of documents, a condition), yet not one node of
+    the store matches it: most often the ids or keys it names are not where the nodes keep them
+    (``document_id_key``), so every caller gets ``[]`` without a denial to count. Said only for
+    an ACL with ``denial_causes`` (an engine), naming options, never ids or values.
+    """
+    causes = getattr(acl, "denial_causes", None)
+    if not isinstance(causes, str):
+        return
+    warn_engine_once(
+        acl,
+        "matched-nothing",
+        "%s: the store holds no node matching the engine's pre-selection (%s), so the answer is []; if this "
+        "caller should read some of them, check %s",
+        type(acl).__name__,
+        "an allow-list of document ids" if restriction == "ids" else f"a {restriction} restriction",
+        causes,
+    )

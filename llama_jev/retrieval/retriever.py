@@ -21,7 +21,7 @@ from llama_index_instrumentation.dispatcher import DISPATCHER_SPAN_DECORATED_ATT
 from llama_jev import stores
 from llama_jev.acl.batch import CallableAcl, batch_acl, checked_restriction
 from llama_jev.acl.conditions import Nothing
-from llama_jev.acl.diagnostics import warn_keys_absent
+from llama_jev.acl.diagnostics import warn_engine_matched_nothing, warn_keys_absent
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.core.context import RuntimeContext, bind_if_given
 from llama_jev.core.records import Mode, RestrictionKindName, RetrievalFacts
@@ -339,6 +339,9 @@ class JevRetriever(BaseRetriever):
             # From now on this retriever's first window is wider without pushdown (NO_PUSHDOWN_FACTOR).
             self._denials_seen = True
         retrieved, denied = widening.counts()
+        if query.pushdown and retrieved == 0 and query.restriction in ("ids", "conditional"):
+            # The engine permits something, yet the store holds none of it: a silent [] otherwise.
+            warn_engine_matched_nothing(self._judged.batch, query.restriction)
         candidates = widening.candidates()
         facts = RetrievalFacts(
             retrieved=retrieved,

@@ -38,10 +38,19 @@ from typing import Any
 
 from llama_index.core.schema import BaseNode
 
-from llama_jev.acl.cerbos.client import ENGINE, Transport, async_transport, failures, is_http, transport
+from llama_jev.acl.cerbos.client import (
+    ENGINE,
+    Transport,
+    async_transport,
+    checked_url,
+    failures,
+    is_http,
+    transport,
+)
 from llama_jev.acl.cerbos.plan import InvalidPlanError, restriction_from_plan
 from llama_jev.acl.cerbos.wire import InvalidAnswerError, allowed_ids, batches, principal_of, resources_of
-from llama_jev.acl.conditions import Restriction, Unknown
+from llama_jev.acl.conditions import Nothing, Restriction, Unknown
+from llama_jev.acl.diagnostics import warn_engine_once
 from llama_jev.core.errors import PermissionsUnavailableError
 from llama_jev.core.identity import RuntimeContext
 
@@ -98,8 +107,7 @@ class CerbosAcl:
         max_concurrency: int = 4,
         timeout: float = 2.0,
     ) -> None:
-        if not isinstance(url, str) or not url.strip():
-            raise ValueError("url must be the PDP's HTTP address (http://host:3592) or its gRPC host:port")
+        url = checked_url(url)
         if not is_http(url):
             try:
                 import cerbos.svc.v1.svc_pb2_grpc  # noqa: F401  (checked here: a missing extra says so now)
@@ -136,6 +144,17 @@ class CerbosAcl:
     def __repr__(self) -> str:
         return f"CerbosAcl({self.url!r}, resource_kind={self.resource_kind!r}, action={self.action!r})"
 
+    @property
+    def denial_causes(self) -> str:
+        """What to check when the PDP denies every node asked (said once, by ``llama_jev.acl.diagnostics``)."""
+        return (
+            f"resource_kind={self.resource_kind!r} and action={self.action!r} (the policy's resource and actions), "
+            "the node metadata the policy reads (attribute_keys for keys stored under other names; a string "
+            "'true' is not the boolean true), "
+            + ("document_id_key (R.id is the document id)" if self.document_id_key else "R.id (the node id)")
+            + " and the caller's roles and tenant"
+        )
+
     # -- the shared, I/O-free parts --------------------------------------------------------
 
     def _principal(self, ctx: RuntimeContext) -> Json:
@@ -149,6 +168,17 @@ class CerbosAcl:
             restriction = restriction_from_plan(plan, self._metadata_key, self.document_id_key)
         except InvalidPlanError as error:
             raise _unreadable(error) from error
+        meta = plan.get("meta")
+        if isinstance(restriction, Nothing) and isinstance(meta, dict) and meta.get("filterDebug") == "NO_MATCH":
+            # No rule of any policy covers this kind and action: every caller is denied everything.
+            warn_engine_once(
+                self,
+                "no-policy",
+                "CerbosAcl: no policy rule of the PDP covers resource_kind=%r with action=%r, so every caller "
+                "is denied every node; check resource_kind and action against the policy's resource and actions",
+                self.resource_kind,
+                self.action,
+            )
         if isinstance(restriction, Unknown) and restriction.reason not in self._warned:
             # Once per ACL and operator: the policy, not the caller, decides which operators a plan holds.
             self._warned.add(restriction.reason)
@@ -179,7 +209,7 @@ class CerbosAcl:
     def _client(self) -> Transport:
         with self._lock:
             if self._transport is None:
-                with failures("connecting"):
+                with failures("connecting", self.url):
                     self._transport = transport(self.url, self.timeout)
             return self._transport
 
@@ -235,7 +265,7 @@ class CerbosAcl:
 
     async def arestriction(self, ctx: RuntimeContext) -> Restriction:
         """The async :meth:`restriction`."""
-        with failures("connecting"):
+        with failures("connecting", self.url):
             client = async_transport(self.url, self.timeout)
         try:
             plan = await client.plan(self._principal(ctx), self.resource_kind, self.action)
@@ -250,7 +280,7 @@ class CerbosAcl:
             return set()
         principal = self._principal(ctx)
         asked = batches(resources, self.batch_size)
-        with failures("connecting"):
+        with failures("connecting", self.url):
             client = async_transport(self.url, self.timeout)
         gate = asyncio.Semaphore(self.max_concurrency)
 

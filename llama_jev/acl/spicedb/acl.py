@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import threading
 import time
@@ -47,9 +48,11 @@ from llama_jev.acl.conditions import Nothing, Restriction, Unknown
 from llama_jev.acl.spicedb.wire import (
     ENGINE,
     LookupPages,
+    advice,
     bulk_requests,
     caveat_context,
     check_names,
+    check_target,
     consistency,
     is_object_id,
     permitted_documents,
@@ -68,12 +71,21 @@ SOURCE_KEYS = frozenset({"ref_doc_id", "doc_id", "document_id"})
 TOKEN_ATTRIBUTE = "spicedb_token"  # noqa: S105 - an attribute name, not a secret
 
 
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+_NO_KEY_GIVEN = _Unset.UNSET
+
+
 class SpiceDBAcl:
     """Who may read a node, as SpiceDB computes it: CheckBulkPermissions, and LookupResources for pushdown.
 
     Args:
         target: SpiceDB's gRPC address (``"spicedb:50051"``, ``"unix:///run/spicedb.sock"``).
         preshared_key: SpiceDB's ``--grpc-preshared-key``, sent as a bearer token (never logged).
+            Required: ``None`` (said explicitly) only for a SpiceDB that takes no key
+            (``spicedb serve-testing``, a proxy that adds credentials).
         insecure: plaintext gRPC, for a SpiceDB started without TLS (a sidecar, tests); else TLS
             with the system roots or ``root_certificates``.
         resource_type: the schema's definition of what nodes come from (``"document"``).
@@ -97,7 +109,8 @@ class SpiceDBAcl:
         token_attribute: the ``RuntimeContext`` attribute with the app's last ZedToken.
 
     Raises:
-        ValueError: a name SpiceDB would refuse, or a non-positive limit.
+        ValueError: a target that is not ``host:port`` or a gRPC name (``http://...``), no
+            ``preshared_key`` given, a name SpiceDB would refuse, or a non-positive limit.
 
     Example::
 
@@ -112,7 +125,7 @@ class SpiceDBAcl:
         self,
         target: str,
         *,
-        preshared_key: str | None = None,
+        preshared_key: str | _Unset | None = _NO_KEY_GIVEN,
         insecure: bool = False,
         root_certificates: bytes | None = None,
         resource_type: str = "document",
@@ -127,8 +140,15 @@ class SpiceDBAcl:
         timeout: float = 5.0,
         token_attribute: str = TOKEN_ATTRIBUTE,
     ) -> None:
-        if not isinstance(target, str) or not target.strip():
-            raise ValueError("target must be SpiceDB's gRPC address, e.g. 'localhost:50051'")
+        target = check_target(target)
+        if preshared_key is _NO_KEY_GIVEN:
+            raise ValueError(
+                "SpiceDBAcl needs preshared_key: the key SpiceDB was started with (spicedb serve "
+                "--grpc-preshared-key); pass preshared_key=None only for a SpiceDB that takes none "
+                "(spicedb serve-testing, or a proxy that adds the credentials)"
+            )
+        if preshared_key is not None and (not isinstance(preshared_key, str) or not preshared_key.strip()):
+            raise ValueError("preshared_key must be a non-blank string (or None for a SpiceDB that takes none)")
         check_names(
             resource_type=resource_type,
             permission=permission,
@@ -257,13 +277,32 @@ class SpiceDBAcl:
         permitted = permitted_documents(requests, responses)
         return {node_id for document in permitted for node_id in documents[document]}
 
+    @property
+    def denial_causes(self) -> str:
+        """What to check when SpiceDB denies every node asked (said once, by ``llama_jev.acl.diagnostics``)."""
+        if self.document_id_key is None:
+            where = (
+                "document_id_key (unset: each node id is asked as a SpiceDB document id, and LlamaIndex's node "
+                "ids are random; document_id_key='ref_doc_id' asks the source Document's id)"
+            )
+        else:
+            where = f"document_id_key={self.document_id_key!r} (which SpiceDB documents the nodes are)"
+        return (
+            f"{where}, resource_type={self.resource_type!r} and permission={self.permission!r}, subject_type="
+            f"{self.subject_type!r} and subject_id (who the caller is), and that the relationships were written"
+        )
+
     def _lookup_failed(self, error: grpc.RpcError) -> Unknown:
         logger.warning(
             "SpiceDBAcl: LookupResources failed or broke off (%s); no pushdown for this query "
-            "(the final check decides)",
+            "(the final check decides): %s",
             status_name(error),
+            advice(error, target=self.target, insecure=self._insecure),
         )
         return Unknown("the SpiceDB lookup failed or broke off; no pushdown")
+
+    def _failed(self, error: grpc.RpcError) -> Exception:
+        return unavailable(error, "CheckBulkPermissions", target=self.target, insecure=self._insecure)
 
     # -- the I/O edges --
 
@@ -372,7 +411,7 @@ class SpiceDBAcl:
         except grpc.RpcError as error:
             for call in calls:
                 call.cancel()
-            raise unavailable(error, "CheckBulkPermissions") from None
+            raise self._failed(error) from None
         return self._nodes(documents, requests, responses)
 
     async def aallowed(self, ctx: RuntimeContext, nodes: Sequence[BaseNode]) -> set[str]:
@@ -390,7 +429,7 @@ class SpiceDBAcl:
         )
         for answer in answers:
             if isinstance(answer, grpc.RpcError):
-                raise unavailable(answer, "CheckBulkPermissions") from None
+                raise self._failed(answer) from None
             if isinstance(answer, BaseException):
                 raise answer
         responses = [answer for answer in answers if isinstance(answer, CheckBulkPermissionsResponse)]

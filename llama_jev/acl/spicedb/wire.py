@@ -58,6 +58,36 @@ def is_object_id(value: object) -> bool:
     return isinstance(value, str) and len(value.encode("utf-8")) <= 1024 and _OBJECT_ID.fullmatch(value) is not None
 
 
+_TARGET_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
+_HOST_PORT = re.compile(r"(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):[0-9]{1,5}")
+
+
+def check_target(target: object) -> str:
+    """``target`` if gRPC can dial it as SpiceDB's address; else a ``ValueError`` saying which forms work.
+
+    ``host:port`` (``"spicedb.internal:50051"``, ``"[::1]:50051"``) or a gRPC name with its scheme
+    (``"unix:///run/spicedb.sock"``, ``"dns:///spicedb:50051"``); never a URL (``http://...``).
+
+    Example::
+
+        >>> check_target("localhost:50051")
+        'localhost:50051'
+    """
+    forms = "SpiceDB's gRPC address as host:port ('localhost:50051') or 'unix:///path/to.sock'"
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"target must be {forms}")
+    if target.startswith(_TARGET_SCHEMES):
+        return target
+    if "://" in target:
+        raise ValueError(
+            f"SpiceDBAcl target {target!r} is a URL; give {forms} (no http:// or grpc://: "
+            "TLS is the default, insecure=True for plaintext)"
+        )
+    if _HOST_PORT.fullmatch(target) is None or not 0 < int(target.rsplit(":", 1)[1]) < 65536:
+        raise ValueError(f"SpiceDBAcl target {target!r} is not host:port (a port is needed); give {forms}")
+    return target
+
+
 def check_names(*, resource_type: str, permission: str, subject_type: str, subject_relation: str | None) -> None:
     """Refuse a configuration SpiceDB would refuse on every call (a typo'd type), before the first query."""
     for label, value, pattern in (
@@ -131,19 +161,64 @@ def status_name(error: grpc.RpcError) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
 
 
-def unavailable(error: grpc.RpcError, call: str) -> PermissionsUnavailableError:
-    """The typed error for a failed call: its gRPC status only (the details may quote an id)."""
+def _details(error: grpc.RpcError) -> str:
+    # Read to choose the advice, never copied into a message: SpiceDB's details may quote an id or value.
+    details = error.details() if callable(getattr(error, "details", None)) else None
+    return details if isinstance(details, str) else ""
+
+
+def advice(error: grpc.RpcError, *, target: str | None = None, insecure: bool = True) -> str:
+    """What to check after a failed call, by its status (and SpiceDB's words, read but never quoted).
+
+    ``target`` (SpiceDB's address) is named where the call did not get through; ``insecure``
+    says whether the channel was plaintext, so a TLS handshake with a plaintext server says so.
+    """
+    code = error.code() if callable(getattr(error, "code", None)) else None
+    details = _details(error).lower()
+    where = f" at {target}" if target else ""
+    if "caveat" in details:
+        return (
+            "a caveat could not be evaluated with the caller's caveat context: check what "
+            "SpiceDBAcl(caveat_context=...) returns against the caveat's parameter types (an ipaddress "
+            "must be an IP address string, an int an int)"
+        )
+    if code == grpc.StatusCode.UNAVAILABLE and not insecure and ("handshake" in details or "ssl" in details):
+        return f"the TLS handshake with SpiceDB{where} failed: plaintext server? pass insecure=True"
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return f"cannot reach SpiceDB{where}: check the target and that SpiceDB runs; retrying may help"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return "SpiceDB did not accept the key: check preshared_key (spicedb serve's --grpc-preshared-key)"
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return "the preshared key may not make this call: check preshared_key"
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return (
+            "the schema lacks a name asked: check resource_type, permission, subject_type and subject_relation "
+            "against the schema (zed schema read)"
+        )
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return "check the ZedToken in the context's token_attribute and the caveat context"
+    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return "retrying may help; a lower batch_size or a larger timeout too"
+    if isinstance(code, grpc.StatusCode) and _RETRYABLE.get(code) == "UNREACHABLE":
+        return "retrying may help"
+    return "check the schema (resource_type, permission, subject_type), the preshared key and the ZedToken"
+
+
+def unavailable(
+    error: grpc.RpcError, call: str, *, target: str | None = None, insecure: bool = True
+) -> PermissionsUnavailableError:
+    """The typed error for a failed call: its gRPC status and advice, never SpiceDB's details (they may quote an id)."""
     code = error.code() if callable(getattr(error, "code", None)) else None
     name = status_name(error)
     reason = _RETRYABLE.get(code, "REFUSED") if isinstance(code, grpc.StatusCode) else "UNREACHABLE"
+    details = _details(error).lower()
+    if reason == "UNREACHABLE" and (
+        "caveat" in details or (not insecure and ("handshake" in details or "ssl" in details))
+    ):
+        reason = "REFUSED"  # the caveat context or the TLS setting, not an outage: asking again fails again
     retryable = reason in ("UNREACHABLE", "TIMEOUT")
-    advice = (
-        "retrying may help"
-        if retryable
-        else "check the schema (resource_type, permission, subject_type), the preshared key and the ZedToken"
-    )
     return PermissionsUnavailableError(
-        f"SpiceDB {call} failed ({name}); no node is returned ({advice})",
+        f"SpiceDB {call} failed ({name}); no node is returned ({advice(error, target=target, insecure=insecure)})",
         engine=ENGINE,
         reason=reason,
         retryable=retryable,
@@ -257,7 +332,7 @@ def permitted_documents(requests: Sequence[CheckBulkPermissionsRequest],
                 for status in grpc.StatusCode:
                     if status.value[0] == pair.error.code:
                         code = status
-                raise unavailable(_PairError(code), "CheckBulkPermissions")
+                raise unavailable(_PairError(code, pair.error.message), "CheckBulkPermissions")
             if pair.WhichOneof("response") != "item":
                 raise _invalid("answered a pair with neither a result nor an error")
             if pair.item.permissionship == CheckPermissionResponse.PERMISSIONSHIP_HAS_PERMISSION:
@@ -268,11 +343,15 @@ def permitted_documents(requests: Sequence[CheckBulkPermissionsRequest],
 class _PairError(grpc.RpcError):  # type: ignore[misc]
     """A pair's error status, read as a failed call."""
 
-    def __init__(self, code: grpc.StatusCode) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str = "") -> None:
         self._code = code
+        self._details = details
 
     def code(self) -> grpc.StatusCode:
         return self._code
+
+    def details(self) -> str:
+        return self._details
 
 
 def _invalid(what: str) -> PermissionsUnavailableError:

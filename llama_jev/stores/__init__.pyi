@@ -42,3 +42,27 @@ from llama_jev.stores.registry import (
 from llama_jev.stores.registry import (
     register as register,
 )
+from llama_jev.stores.grants import (
+    GrantsError as GrantsError,
+)
+from llama_jev.stores.grants import (
+    RetagIncompleteError as RetagIncompleteError,
+)
+from llama_jev.stores.grants import (
+    RetagResult as RetagResult,
+)
+from llama_jev.stores.grants import (
+    Retagger as Retagger,
+)
+from llama_jev.stores.grants import (
+    checked_grants as checked_grants,
+)
+from llama_jev.stores.retagging import (
+    aretag as aretag,
+)
+from llama_jev.stores.retagging import (
+    register_retagger as register_retagger,
+)
+from llama_jev.stores.retagging import (
+    retag as retag,
+)

@@ -73,7 +73,9 @@ def built(kind: str, nodes: list[TextNode], request: pytest.FixtureRequest) -> I
     else:
         raise AssertionError(kind)
     try:
-        index = VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed)
+        index = VectorStoreIndex(
+            nodes, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed
+        )
         yield store, index
     finally:
         for close in closers:

@@ -70,7 +70,9 @@ class RetagIncompleteError(JevError):
         store: the store's name.
     """
 
-    def __init__(self, store: str, *, written: tuple[str, ...], uncertain: tuple[str, ...], cause: BaseException):
+    def __init__(
+        self, store: str, *, written: tuple[str, ...], uncertain: tuple[str, ...], cause: BaseException
+    ) -> None:
         super().__init__(
             f"re-tag in {store} failed after {len(written)} nodes were written ({len(uncertain)} more uncertain): "
             f"{type(cause).__name__}; run the same re-tag again to finish it"
@@ -182,7 +184,8 @@ def checked_grants(grants: Any, *, acl: Any = None, document_id_key: str = "ref_
 
     Example::
 
-        >>> checked_grants({"tenant": "acme", "users": ("u1",)}, acl=MetadataAcl(tenant_key="tenant", users_key="users"))
+        >>> acl = MetadataAcl(tenant_key="tenant", users_key="users")
+        >>> checked_grants({"tenant": "acme", "users": ("u1",)}, acl=acl)
         {'tenant': 'acme', 'users': ['u1']}
     """
     if not isinstance(grants, Mapping) or not grants:
@@ -224,7 +227,9 @@ def _checked_value(key: str, value: Any, role: str | None) -> Any:
             raise GrantsError(key, f"a grant list must be a list of strings (the ACL denies any other), not {kind}")
         return list(value)
     if role == "public":
-        if value is False or any(value is flag or (type(value) is type(flag) and value == flag) for flag in PUBLIC_VALUES):
+        if value is False or any(
+            value is flag or (type(value) is type(flag) and value == flag) for flag in PUBLIC_VALUES
+        ):
             return value
         raise GrantsError(key, "the public flag must be True, False, 'true' or 1 (the ACL reads no other as public)")
     if isinstance(value, (list, tuple)):

@@ -26,7 +26,8 @@ class QdrantRetagger(Retagger):
         client = getattr(store, "_client", None)
         if client is None:
             raise TypeError(
-                "re-tag in Qdrant uses the store's sync client: build the QdrantVectorStore with client=QdrantClient(...)"
+                "re-tag in Qdrant uses the store's sync client: "
+                "build the QdrantVectorStore with client=QdrantClient(...)"
             )
         self._client = client
         self._collection: str = store.collection_name

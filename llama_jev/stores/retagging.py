@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from llama_jev.stores.grants import (
+    Retagger,
     RetagIncompleteError,
     RetagResult,
-    Retagger,
     Selection,
     checked_grants,
     retagged,
@@ -57,9 +57,8 @@ def register_retagger(retagger: type[Retagger]) -> type[Retagger]:
             name = "mystore"
             ...
     """
-    if not (isinstance(retagger, type) and issubclass(retagger, Retagger)) or getattr(
-        retagger, "__abstractmethods__", ()
-    ):
+    abstract: frozenset[str] = getattr(retagger, "__abstractmethods__", frozenset())
+    if not (isinstance(retagger, type) and issubclass(retagger, Retagger)) or abstract:
         raise TypeError(f"register_retagger() takes a concrete Retagger subclass, not {retagger!r}")
     if not isinstance(getattr(retagger, "name", None), str):
         raise TypeError(f"{retagger.__qualname__} needs a class attribute name (the store's name in messages)")
@@ -219,4 +218,3 @@ def _run(retagger: Retagger, selection: Selection, grants: dict[str, Any], size:
     return RetagResult(
         matched=matched, changed=len(written), written=tuple(written), missing=missing, atomic=retagger.atomic
     )
-

@@ -86,15 +86,15 @@ class PostgresRetagger(Retagger):
             sqlalchemy.cast(sqlalchemy.bindparam("changed", type_=postgresql.JSONB), postgresql.JSONB)
         )
         value = merged if self._jsonb else sqlalchemy.cast(merged, postgresql.JSON)
-        statement = (
-            table.update().where(table.c.node_id == sqlalchemy.bindparam("target")).values(metadata_=value)
-        )
+        statement = table.update().where(table.c.node_id == sqlalchemy.bindparam("target")).values(metadata_=value)
         self._connection.execute(
             statement,
             [
                 {
                     "target": update.node_id,
-                    "changed": {key: update.metadata[key] for key in (*keys, "_node_content") if key in update.metadata},
+                    "changed": {
+                        key: update.metadata[key] for key in (*keys, "_node_content") if key in update.metadata
+                    },
                 }
                 for update in updates
             ],

@@ -38,9 +38,7 @@ class _MovedLoader(importlib.abc.Loader):
         self.spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        warnings.warn(
-            f"{spec.name} moved to {self.new} (the old path goes in 0.4)", DeprecationWarning, stacklevel=2
-        )
+        warnings.warn(f"{spec.name} moved to {self.new} (the old path goes in 0.4)", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(self.new)
         self.spec = module.__spec__  # the import system sets __spec__ to the old name's: put it back
         return module

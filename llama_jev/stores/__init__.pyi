@@ -12,6 +12,12 @@ from llama_jev.stores.chroma import (
 from llama_jev.stores.chroma import (
     chroma_where as chroma_where,
 )
+from llama_jev.stores.drift import (
+    DriftReport as DriftReport,
+)
+from llama_jev.stores.drift import (
+    check_drift as check_drift,
+)
 from llama_jev.stores.grants import (
     GrantsError as GrantsError,
 )
@@ -23,6 +29,9 @@ from llama_jev.stores.grants import (
 )
 from llama_jev.stores.grants import (
     RetagResult as RetagResult,
+)
+from llama_jev.stores.grants import (
+    Stored as Stored,
 )
 from llama_jev.stores.grants import (
     checked_grants as checked_grants,

@@ -152,7 +152,10 @@ class Retagger(ABC):
 
     @abstractmethod
     def scan(self, size: int) -> Iterator[list[Stored]]:
-        """Every node of the store, ``size`` per page, never all in memory (the drift check)."""
+        """Every node of the store, ``size`` per page, never all in memory (the drift check).
+
+        The metadata may leave ``_node_content`` out: the drift check reads the flat keys only.
+        """
 
     def count(self) -> int | None:
         """How many nodes the store holds, for progress; ``None`` when it cannot say cheaply."""

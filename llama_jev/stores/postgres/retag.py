@@ -33,6 +33,8 @@ class PostgresRetagger(Retagger):
         self._table: sqlalchemy.Table = store._table_class.__table__
         self._jsonb = bool(store.use_jsonb)
         self._connection: sqlalchemy.Connection | None = None
+        # node id -> primary key of the rows read for update: written by the key (node_id may lack an index).
+        self._row_ids: dict[str, int] = {}
 
     @classmethod
     def recognises(cls, store: Any) -> bool:
@@ -63,7 +65,19 @@ class PostgresRetagger(Retagger):
         table = self._table
         last: int | None = None
         while True:
-            query = sqlalchemy.select(table.c.id, table.c.node_id, table.c.metadata_).order_by(table.c.id).limit(size)
+            # A scan leaves the serialized node out (most of the bytes; no grant is read from it).
+            metadata = (
+                table.c.metadata_
+                if lock
+                else sqlalchemy.cast(table.c.metadata_, postgresql.JSONB).op("-")(
+                    sqlalchemy.literal("_node_content", sqlalchemy.Text)
+                )
+            )
+            query = (
+                sqlalchemy.select(table.c.id, table.c.node_id, metadata.label("metadata_"))
+                .order_by(table.c.id)
+                .limit(size)
+            )
             if where is not None:
                 query = query.where(where)
             if last is not None:
@@ -73,6 +87,8 @@ class PostgresRetagger(Retagger):
             with contextlib.ExitStack() as stack:
                 connection = self._connection or stack.enter_context(self._engine.connect())
                 rows = connection.execute(query).all()
+            if lock:
+                self._row_ids.update((row.node_id, row.id) for row in rows)
             if rows:
                 yield [Stored(row.node_id, row.metadata_ or {}) for row in rows]
             if len(rows) < size:
@@ -86,12 +102,12 @@ class PostgresRetagger(Retagger):
             sqlalchemy.cast(sqlalchemy.bindparam("changed", type_=postgresql.JSONB), postgresql.JSONB)
         )
         value = merged if self._jsonb else sqlalchemy.cast(merged, postgresql.JSON)
-        statement = table.update().where(table.c.node_id == sqlalchemy.bindparam("target")).values(metadata_=value)
+        statement = table.update().where(table.c.id == sqlalchemy.bindparam("target")).values(metadata_=value)
         self._connection.execute(
             statement,
             [
                 {
-                    "target": update.node_id,
+                    "target": self._row_ids.pop(update.node_id),
                     "changed": {
                         key: update.metadata[key] for key in (*keys, "_node_content") if key in update.metadata
                     },

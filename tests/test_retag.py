@@ -209,3 +209,19 @@ def test_retagged_is_none_when_nothing_changes_and_typed_otherwise() -> None:
     stored = Stored("n", {"public": 1, "users": ["u1"]})
     assert retagged(stored, {"users": ["u1"]}) is None
     assert retagged(stored, {"public": True}) is not None  # 1 and True: one flag to the ACL, not to every filter
+
+
+def test_a_qdrant_node_id_that_is_no_uuid_is_missing_not_an_error(request: pytest.FixtureRequest) -> None:
+    nodes = chunks("doc-a", 1)
+    with built("qdrant", nodes, request) as (target, _):
+        result = retag(target, {"public": True}, node_ids=["not-a-uuid", nodes[0].node_id], acl=ACL)
+        assert (result.matched, result.changed, result.missing) == (1, 1, ("not-a-uuid",))
+
+
+def test_every_store_pushdown_speaks_can_be_retagged() -> None:
+    """A store adapter added to the package fails this until its Retagger is listed in retagging._BUILT_IN."""
+    from llama_jev.stores import adapters
+    from llama_jev.stores.retagging import retaggers
+
+    built_in = {adapter.name for adapter in adapters() if adapter.__module__.startswith("llama_jev.stores.")}
+    assert built_in <= {writer.name for writer in retaggers()}

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
-from llama_jev.stores.grants import Retagger, Selection, Stored
+from llama_jev.stores.base import CannotState
+from llama_jev.stores.grants import GrantsError, Retagger, Selection, Stored
+from llama_jev.stores.qdrant import _point_ids, payload_key
 
 __all__ = ["QdrantRetagger"]
 
@@ -41,7 +43,8 @@ class QdrantRetagger(Retagger):
         if not self._client.collection_exists(self._collection):
             return
         if selection.node_ids is not None:
-            ids = list(selection.node_ids)
+            possible = _point_ids(frozenset(selection.node_ids))  # a non-UUID id is no point: missing
+            ids = [node_id for node_id in selection.node_ids if node_id in possible]
             for start in range(0, len(ids), size):
                 points = self._client.retrieve(
                     self._collection, ids=ids[start : start + size], with_payload=True, with_vectors=False
@@ -53,7 +56,7 @@ class QdrantRetagger(Retagger):
         where = models.Filter(
             must=[
                 models.FieldCondition(
-                    key=selection.document_id_key, match=models.MatchAny(any=list(selection.document_ids or ()))
+                    key=_key(selection.document_id_key), match=models.MatchAny(any=list(selection.document_ids or ()))
                 )
             ]
         )
@@ -90,6 +93,14 @@ class QdrantRetagger(Retagger):
             return 0
         counted: int = self._client.count(self._collection, exact=True).count
         return counted
+
+
+def _key(key: str) -> str:
+    """The flat payload key as Qdrant addresses it (``a.b`` quoted, so it is not read as a path)."""
+    try:
+        return payload_key("document_id_key", key)
+    except CannotState as refused:
+        raise GrantsError(key, refused.why) from refused
 
 
 def _stored(point: Any) -> Stored:

@@ -18,7 +18,7 @@ import contextlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from llama_jev.acl.rules import PUBLIC_VALUES, MetadataAcl
@@ -116,10 +116,15 @@ class Selection:
 
 @dataclass(frozen=True)
 class Stored:
-    """One node as its store keeps it: the id and the flat metadata (``_node_content`` included where kept)."""
+    """One node as its store keeps it: the id and the flat metadata (``_node_content`` included where kept).
+
+    ``row`` is the store's own key for it where that is not the node id (a PostgreSQL row's
+    primary key: two rows may hold one node id), for the writer only.
+    """
 
     node_id: str
     metadata: Mapping[str, Any]
+    row: Any = field(default=None, compare=False, repr=False)
 
 
 class Retagger(ABC):
@@ -256,7 +261,8 @@ def retagged(stored: Stored, grants: Mapping[str, Any]) -> Stored | None:
     """
     metadata = dict(stored.metadata)
     changed = any(not _same(metadata.get(key, _ABSENT), value) for key, value in grants.items())
-    metadata.update(grants)
+    # A list of its own per node: an in-memory store must not share one list between nodes.
+    metadata.update({key: list(value) if isinstance(value, list) else value for key, value in grants.items()})
     content = metadata.get(NODE_CONTENT)
     if isinstance(content, str):
         node = json.loads(content)
@@ -265,7 +271,7 @@ def retagged(stored: Stored, grants: Mapping[str, Any]) -> Stored | None:
             inner.update(grants)
             metadata[NODE_CONTENT] = json.dumps(node)
             changed = True
-    return Stored(stored.node_id, metadata) if changed else None
+    return Stored(stored.node_id, metadata, stored.row) if changed else None
 
 
 _ABSENT = object()

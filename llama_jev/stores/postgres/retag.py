@@ -33,8 +33,6 @@ class PostgresRetagger(Retagger):
         self._table: sqlalchemy.Table = store._table_class.__table__
         self._jsonb = bool(store.use_jsonb)
         self._connection: sqlalchemy.Connection | None = None
-        # node id -> primary key of the rows read for update: written by the key (node_id may lack an index).
-        self._row_ids: dict[str, int] = {}
 
     @classmethod
     def recognises(cls, store: Any) -> bool:
@@ -87,10 +85,8 @@ class PostgresRetagger(Retagger):
             with contextlib.ExitStack() as stack:
                 connection = self._connection or stack.enter_context(self._engine.connect())
                 rows = connection.execute(query).all()
-            if lock:
-                self._row_ids.update((row.node_id, row.id) for row in rows)
             if rows:
-                yield [Stored(row.node_id, row.metadata_ or {}) for row in rows]
+                yield [Stored(row.node_id, row.metadata_ or {}, row.id) for row in rows]
             if len(rows) < size:
                 return
             last = rows[-1].id
@@ -107,7 +103,7 @@ class PostgresRetagger(Retagger):
             statement,
             [
                 {
-                    "target": self._row_ids.pop(update.node_id),
+                    "target": update.row,  # the primary key: node_id may have no index
                     "changed": {
                         key: update.metadata[key] for key in (*keys, "_node_content") if key in update.metadata
                     },

@@ -225,3 +225,14 @@ def test_every_store_pushdown_speaks_can_be_retagged() -> None:
 
     built_in = {adapter.name for adapter in adapters() if adapter.__module__.startswith("llama_jev.stores.")}
     assert built_in <= {writer.name for writer in retaggers()}
+
+
+def test_postgres_rows_sharing_a_node_id_are_each_written(request: pytest.FixtureRequest) -> None:
+    nodes = chunks("doc-a", 1)
+    with built("postgres-jsonb", nodes, request) as (target, _):
+        # PGVectorStore keeps a second row for the same id.
+        target.add([node.model_copy(update={"embedding": [0.1] * 8}) for node in nodes])
+        result = retag(target, {"public": True}, node_ids=[nodes[0].node_id], acl=ACL)
+        assert (result.matched, result.changed) == (2, 2)
+        rows = [stored for page in retagger_for(target).scan(10) for stored in page]
+        assert [stored.metadata["public"] for stored in rows] == [True, True]

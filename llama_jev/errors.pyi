@@ -78,3 +78,9 @@ from llama_jev.core.errors import (
 from llama_jev.core.errors import (
     UntranslatableFilterError as UntranslatableFilterError,
 )
+from llama_jev.stores.grants import (
+    GrantsError as GrantsError,
+)
+from llama_jev.stores.grants import (
+    RetagIncompleteError as RetagIncompleteError,
+)

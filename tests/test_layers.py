@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "label_sheet.py": 9,
     "label.py": 9,
     "serve.py": 9,
+    "drift.py": 9,
     "__init__.py": 10,  # the public API re-exports every layer
     "errors.py": 10,  # every error, from the core's and calibration's
 }

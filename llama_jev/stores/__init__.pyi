@@ -12,6 +12,30 @@ from llama_jev.stores.chroma import (
 from llama_jev.stores.chroma import (
     chroma_where as chroma_where,
 )
+from llama_jev.stores.drift import (
+    DriftReport as DriftReport,
+)
+from llama_jev.stores.drift import (
+    check_drift as check_drift,
+)
+from llama_jev.stores.grants import (
+    GrantsError as GrantsError,
+)
+from llama_jev.stores.grants import (
+    Retagger as Retagger,
+)
+from llama_jev.stores.grants import (
+    RetagIncompleteError as RetagIncompleteError,
+)
+from llama_jev.stores.grants import (
+    RetagResult as RetagResult,
+)
+from llama_jev.stores.grants import (
+    Stored as Stored,
+)
+from llama_jev.stores.grants import (
+    checked_grants as checked_grants,
+)
 from llama_jev.stores.memory import (
     simple_filters as simple_filters,
 )
@@ -41,4 +65,13 @@ from llama_jev.stores.registry import (
 )
 from llama_jev.stores.registry import (
     register as register,
+)
+from llama_jev.stores.retagging import (
+    aretag as aretag,
+)
+from llama_jev.stores.retagging import (
+    register_retagger as register_retagger,
+)
+from llama_jev.stores.retagging import (
+    retag as retag,
 )

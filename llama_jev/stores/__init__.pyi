@@ -18,6 +18,9 @@ from llama_jev.stores.memory import (
 from llama_jev.stores.postgres.store import (
     AclPGVectorStore as AclPGVectorStore,
 )
+from llama_jev.stores.postgres.row_security import (
+    row_security_ddl as row_security_ddl,
+)
 from llama_jev.stores.qdrant import (
     qdrant_condition as qdrant_condition,
 )

@@ -15,11 +15,11 @@ from llama_jev.stores.chroma import (
 from llama_jev.stores.memory import (
     simple_filters as simple_filters,
 )
-from llama_jev.stores.postgres.store import (
-    AclPGVectorStore as AclPGVectorStore,
-)
 from llama_jev.stores.postgres.row_security import (
     row_security_ddl as row_security_ddl,
+)
+from llama_jev.stores.postgres.store import (
+    AclPGVectorStore as AclPGVectorStore,
 )
 from llama_jev.stores.qdrant import (
     qdrant_condition as qdrant_condition,

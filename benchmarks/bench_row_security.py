@@ -118,8 +118,13 @@ def fill(url: sqlalchemy.URL, nodes: int, dimensions: int) -> None:
             connection.exec_driver_sql(f"CREATE INDEX ON {table} USING hnsw (embedding vector_cosine_ops)")
     store.create_acl_indexes(ACL)  # the tenant B-tree, then ANALYZE
     with store._engine.begin() as connection:
-        connection.exec_driver_sql(f"DROP ROLE IF EXISTS {APP_ROLE}")
-        connection.exec_driver_sql(f"CREATE ROLE {APP_ROLE} LOGIN")
+        if (
+            connection.scalar(
+                sqlalchemy.text("SELECT count(*) FROM pg_roles WHERE rolname = :role"), {"role": APP_ROLE}
+            )
+            == 0
+        ):
+            connection.exec_driver_sql(f"CREATE ROLE {APP_ROLE} LOGIN")
         for statement in store.row_security_ddl(ACL, role=APP_ROLE):
             connection.exec_driver_sql(statement)
     store._engine.dispose()

@@ -48,6 +48,9 @@ TENANT_SETTING = "llama_jev.tenant"
 POLICY = "llama_jev_tenant"
 """The policy's name on the table (one per table; :func:`row_security_ddl` replaces it)."""
 
+# What jsonb_typeof returns besides 'string' (and NULL for an absent key, which NOT IN excludes too).
+_OTHER_JSON_TYPES = "'number', 'boolean', 'array', 'object', 'null'"
+
 # The tenant of the query running in this context: None outside a query, or for a caller without one.
 _TENANT: ContextVar[str | None] = ContextVar("llama_jev_row_security_tenant", default=None)
 
@@ -117,7 +120,12 @@ def row_security_ddl(
     setting = f"NULLIF(current_setting('{TENANT_SETTING}', true), '')"
     # ->> is the expression the tenant index of acl_index_ddl is built on; the type check keeps
     # a number, list or object whose text happens to equal the setting out, as MetadataAcl does.
-    using = f"(metadata_ ->> {key}) = {setting} AND jsonb_typeof(CAST(metadata_ -> {key} AS jsonb)) = 'string'"
+    # It names the five other JSON types rather than "= 'string'": the planner estimates a
+    # function's "= constant" at 0.5 % of the rows, and with that (and the store's own tenant
+    # check counted again) it took a 25 % tenant for 16 rows and read all 25,000 of them through
+    # the tenant index instead of walking HNSW (450 ms instead of 3 ms; NOT IN is estimated at 97.5 %).
+    kind = f"jsonb_typeof(CAST(metadata_ -> {key} AS jsonb))"
+    using = f"(metadata_ ->> {key}) = {setting} AND {kind} NOT IN ({_OTHER_JSON_TYPES})"
     statements = [f"ALTER TABLE {qualified} ENABLE ROW LEVEL SECURITY"]
     if force:
         statements.append(f"ALTER TABLE {qualified} FORCE ROW LEVEL SECURITY")

@@ -39,6 +39,9 @@ from llama_jev.stores.grants import (
 from llama_jev.stores.memory import (
     simple_filters as simple_filters,
 )
+from llama_jev.stores.postgres.row_security import (
+    row_security_ddl as row_security_ddl,
+)
 from llama_jev.stores.postgres.store import (
     AclPGVectorStore as AclPGVectorStore,
 )

@@ -4,7 +4,8 @@
   (needs the ``postgres`` extra, loaded on first access);
 - ``sql``: the ACL and the caller's filters as SQLAlchemy expressions, every value bound;
 - ``plan``: how a filtered dense query is answered (exact by the indexes, or HNSW);
-- ``pushdown``: the adapter ``JevRetriever`` asks (``PostgresPushdown``).
+- ``pushdown``: the adapter ``JevRetriever`` asks (``PostgresPushdown``);
+- ``row_security``: row-level security as a floor under the filter (``row_security_ddl``).
 
 ``from llama_jev.stores.postgres import AclPGVectorStore, acl_filters, condition_filters`` works
 as in 0.2; ``from llama_jev.stores import AclPGVectorStore`` is the path apps use.
@@ -15,12 +16,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from llama_jev.stores.postgres.pushdown import PostgresPushdown
+from llama_jev.stores.postgres.row_security import row_security_ddl
 from llama_jev.stores.postgres.sql import AclFilters, acl_filters, condition_filters
 
 if TYPE_CHECKING:
     from llama_jev.stores.postgres.store import AclPGVectorStore
 
-__all__ = ["AclFilters", "AclPGVectorStore", "PostgresPushdown", "acl_filters", "condition_filters"]
+__all__ = [
+    "AclFilters",
+    "AclPGVectorStore",
+    "PostgresPushdown",
+    "acl_filters",
+    "condition_filters",
+    "row_security_ddl",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 try:
@@ -20,7 +21,13 @@ except ImportError as error:  # pragma: no cover - depends on the installed extr
     ) from error
 import sqlalchemy
 from llama_index.core.bridge.pydantic import PrivateAttr
-from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+from llama_index.core.schema import BaseNode
+from llama_index.core.vector_stores.types import (
+    MetadataFilter,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryResult,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -37,6 +44,7 @@ from llama_jev.stores.postgres.plan import (
     run_sync,
     settings,
 )
+from llama_jev.stores.postgres.row_security import RowSecurity, row_security_ddl
 from llama_jev.stores.postgres.sql import AclFilters, acl_clause, filter_clause, key_present
 
 __all__ = ["AclPGVectorStore"]
@@ -88,6 +96,11 @@ class AclPGVectorStore(PGVectorStore):
       indexes that ACL's clause can use (:meth:`create_acl_indexes`): the tenant's B-tree
       makes a tenant's rows cheap to read and gives the planner its statistics. Without any
       index on a metadata key the store says so once (WARNING).
+    - ``row_security=True``: every transaction the store opens sets ``llama_jev.tenant`` to the
+      query's caller's tenant (its ``AclFilters``, else the bound ``RuntimeContext``; empty
+      without one), for the policy of :meth:`row_security_ddl`: a floor the database keeps
+      under the filter (``llama_jev.stores.postgres.row_security``). Connect as a role that
+      owns nothing, with ``perform_setup=False``.
 
     Example::
 
@@ -104,17 +117,24 @@ class AclPGVectorStore(PGVectorStore):
     _indexes_checked: bool = PrivateAttr(default=False)
     _iterative: bool = PrivateAttr(default=False)
     _estimates: Estimates = PrivateAttr(default_factory=Estimates)
+    _row_security: RowSecurity | None = PrivateAttr(default=None)
 
-    def __init__(self, *args: Any, acl_indexes: MetadataAcl | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, acl_indexes: MetadataAcl | None = None, row_security: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._acl_indexes = _checked_acl(acl_indexes)
+        self._row_security = _checked_row_security(row_security)
 
     @classmethod
-    def from_params(cls, *args: Any, acl_indexes: MetadataAcl | None = None, **kwargs: Any) -> AclPGVectorStore:
-        """``PGVectorStore.from_params``, plus ``acl_indexes`` (see the class)."""
+    def from_params(
+        cls, *args: Any, acl_indexes: MetadataAcl | None = None, row_security: bool = False, **kwargs: Any
+    ) -> AclPGVectorStore:
+        """``PGVectorStore.from_params``, plus ``acl_indexes`` and ``row_security`` (see the class)."""
         store = super().from_params(*args, **kwargs)
         assert isinstance(store, AclPGVectorStore)
         store._acl_indexes = _checked_acl(acl_indexes)
+        store._row_security = _checked_row_security(row_security)
         return store
 
     @classmethod
@@ -126,6 +146,10 @@ class AclPGVectorStore(PGVectorStore):
         super()._initialize()
         if not self._scan_checked:
             self._scan_checked = True
+            if self._row_security is not None:
+                assert self._engine is not None  # both set by _connect
+                assert self._async_engine is not None
+                self._row_security.install(self._engine, self._async_engine.sync_engine)
             self._enable_iterative_scan()
             if self._acl_indexes is not None and self.perform_setup:
                 self.create_acl_indexes(self._acl_indexes)
@@ -169,6 +193,47 @@ class AclPGVectorStore(PGVectorStore):
             str(sqlalchemy.schema.CreateIndex(index).compile(dialect=dialect))
             for index in acl_indexes(self._table_class, acl, jsonb=self.use_jsonb)
         ]
+
+    def row_security_ddl(self, acl: MetadataAcl, *, role: str | None = None, force: bool = False) -> list[str]:
+        """The statements of :func:`~llama_jev.stores.postgres.row_security.row_security_ddl` for this table.
+
+        Run them as the table's owner (this store, built with ``row_security=True``, connects as
+        ``role``, which owns nothing and bypasses nothing).
+
+        Example::
+
+            for statement in store.row_security_ddl(acl, role="rag_app"):
+                print(statement + ";")
+        """
+        return row_security_ddl(
+            acl, self._table_class.__tablename__, schema=self.schema_name, role=role, force=force
+        )  # fmt: skip
+
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        with self._tenant_scope(query.filters):
+            result: VectorStoreQueryResult = super().query(query, **kwargs)
+            return result
+
+    async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        with self._tenant_scope(query.filters):
+            result: VectorStoreQueryResult = await super().aquery(query, **kwargs)
+            return result
+
+    def get_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None) -> list[BaseNode]:
+        with self._tenant_scope(filters):
+            nodes: list[BaseNode] = super().get_nodes(node_ids, filters)
+            return nodes
+
+    async def aget_nodes(
+        self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None
+    ) -> list[BaseNode]:
+        with self._tenant_scope(filters):
+            nodes: list[BaseNode] = await super().aget_nodes(node_ids, filters)
+            return nodes
+
+    def _tenant_scope(self, filters: Any) -> AbstractContextManager[Any]:
+        # row_security: the caller's tenant for every transaction begun in the block.
+        return nullcontext() if self._row_security is None else self._row_security.scope(filters)
 
     def _qualified_table(self) -> str:
         # schema_name is checked against [A-Za-z_][A-Za-z0-9_]* by the stock store; the table
@@ -327,6 +392,12 @@ class AclPGVectorStore(PGVectorStore):
 
 def _checked_acl(acl: Any) -> MetadataAcl | None:
     return None if acl is None else _required_acl(acl)
+
+
+def _checked_row_security(row_security: Any) -> RowSecurity | None:
+    if not isinstance(row_security, bool):
+        raise TypeError(f"row_security must be True or False, not {type(row_security).__name__}")
+    return RowSecurity("AclPGVectorStore") if row_security else None
 
 
 def _required_acl(acl: Any) -> MetadataAcl:

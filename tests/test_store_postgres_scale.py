@@ -8,6 +8,7 @@ path), a grant of a few hundred rows spread thinly over every tenant (a user id 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -15,17 +16,28 @@ import pytest
 pytest.importorskip("llama_index.vector_stores.postgres")
 
 import numpy as np
-from llama_index.core.schema import TextNode
+from llama_index.core import VectorStoreIndex
+from llama_index.core.schema import QueryBundle, TextNode
 from llama_index.core.vector_stores.types import VectorStoreQuery
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
-from llama_jev import MetadataAcl, RuntimeContext
+from llama_jev import (
+    CandidateSelector,
+    DecisionRecord,
+    ExecutionOptions,
+    JevRetriever,
+    MetadataAcl,
+    Mode,
+    RuntimeContext,
+    ScriptedJudge,
+)
 from llama_jev.stores.postgres import AclPGVectorStore, acl_filters, cost
 from llama_jev.stores.postgres import plan as postgres_plan
 from llama_jev.stores.postgres.plan import estimate_key
 from llama_jev.testing.postgres import PostgresServer
 
 from .postgres_support import store_kwargs
+from .support import HashEmbedding
 
 pytestmark = pytest.mark.slow  # PostgreSQL
 
@@ -227,3 +239,77 @@ async def test_a_grant_list_caller_of_a_few_hundred_rows_is_ranked_exactly(table
             assert result.ids == table.top(GRANT_ACL, GRANTEE, table.queries[q])
     finally:
         await store.close()
+
+
+# --- completeness: a walk stopped by its budget is never read as "the store holds no more" ----------
+
+
+def _selector(mode: Mode, records: list[DecisionRecord]) -> CandidateSelector:
+    observer = None if mode is Mode.OFF else (lambda ctx, record: records.append(record))
+    return CandidateSelector(ScriptedJudge(lambda *a: 0.9), ExecutionOptions(mode=mode, observer=observer))
+
+
+def _retriever(store: AclPGVectorStore, mode: Mode, records: list[DecisionRecord]) -> JevRetriever:
+    index = VectorStoreIndex.from_vector_store(store, embed_model=HashEmbedding(dimensions=DIMENSIONS))
+    return JevRetriever.from_index(index, _selector(mode, records), GRANT_ACL, top_k=K, candidate_limit=K)
+
+
+async def _retrieve(retriever: JevRetriever, table: Table, q: int, ctx: RuntimeContext, use_async: bool) -> list[str]:
+    bundle = QueryBundle("which passages", embedding=table.queries[q].tolist())
+    found = await retriever.aretrieve(bundle, ctx=ctx) if use_async else retriever.retrieve(bundle, ctx=ctx)
+    return [node.node.node_id for node in found]
+
+
+@pytest.fixture
+def tight_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk's budget tightened (as issue 40 did with hnsw.max_scan_tuples 2,000), grant lists walked first."""
+    monkeypatch.setattr(cost, "MAX_SCAN_TUPLES", 100)
+    monkeypatch.setitem(postgres_plan.ITERATIVE_SETTINGS, "hnsw.max_scan_tuples", "100")  # (0.3 set it here)
+    monkeypatch.setattr(cost, "BLIND_TABLE_ROWS", 0)  # the blind estimate (half the table) sends them to HNSW
+
+
+@pytest.mark.usefixtures("tight_walk")
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+async def test_a_walk_stopped_by_its_budget_is_ranked_exactly_and_the_caller_gets_k(
+    table: Table, use_async: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 0.3 returned the few rows the walk found (issue 40: 2.2 of 10 on average), silently.
+    store = AclPGVectorStore(**table.kwargs)
+    plan = _run(store, _query(table, 0, GRANT_ACL, RARE_GRANTEE))[0]
+    assert (plan.path, plan.admitted, plan.complete) == ("exact", RARE, True)  # after a walk that came back short
+    records: list[DecisionRecord] = []
+    retriever = _retriever(store, Mode.SHADOW, records)
+    try:
+        for q in range(3):
+            got = await _retrieve(retriever, table, q, RARE_GRANTEE, use_async)
+            assert got == table.top(GRANT_ACL, RARE_GRANTEE, table.queries[q])  # min(k, readable), exactly
+    finally:
+        await store.close()
+    assert [(r.found, r.rounds, r.shortfall) for r in records] == [(K, 1, None)] * 3
+    assert not [m for m in caplog.messages if "fewer nodes than wanted" in m]
+
+
+@pytest.mark.usefixtures("tight_walk")
+@pytest.mark.parametrize("mode", [Mode.SHADOW, Mode.ENFORCE])
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+async def test_a_walk_that_cannot_be_ranked_exactly_says_it_is_incomplete(
+    table: Table, mode: Mode, use_async: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A customize_query_fn keeps the store's own statement: no exact path to fall back on. The
+    # short answer is not read as exhausted: widened to the bound, then warned and recorded.
+    caplog.set_level(logging.WARNING, logger="llama_jev")
+    store = AclPGVectorStore(**table.kwargs, customize_query_fn=_own_statement)
+    records: list[DecisionRecord] = []
+    retriever = _retriever(store, mode, records)
+    try:
+        got = await _retrieve(retriever, table, 0, RARE_GRANTEE, use_async)
+    finally:
+        await store.close()
+    assert len(got) < K
+    (record,) = records
+    assert (record.found, record.shortfall) == (len(got), "incomplete")
+    assert record.rounds is not None
+    assert record.rounds > 1  # asked again with a wider window before giving up
+    (warning,) = [m for m in caplog.messages if "fewer nodes than wanted" in m]
+    assert "stopped before reading all" in warning
+    assert "rare" not in warning  # counts, never an identity value

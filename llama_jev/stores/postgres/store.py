@@ -232,14 +232,19 @@ class AclPGVectorStore(PGVectorStore):
         values = settings(limit, iterative=self._iterative, ef_search=floor)
         exact = self._customize_query_fn is None
         key = estimate_key(where)
+        known, table_rows = self._estimates.get(key), self._estimates.get(TABLE_KEY)
         steps = plan_dense(
             self._table_class, embedding, limit, where, hnsw_query, values=values, exact=exact,
-            known=self._estimates.get(key), table_rows=self._estimates.get(TABLE_KEY),
+            known=known, table_rows=table_rows,
         )  # fmt: skip
         plan = yield from steps
         self._warn_blind(plan)
-        self._estimates.put(key, plan.known)
-        self._estimates.put(TABLE_KEY, plan.table_rows)
+        # Kept from when they were taken (not refreshed by use), so a table or a tenant that grows is
+        # measured again within ESTIMATE_SECONDS; a count taken this time replaces a remembered estimate.
+        if known is None or plan.admitted is not None:
+            self._estimates.put(key, plan.known)
+        if table_rows is None:
+            self._estimates.put(TABLE_KEY, plan.table_rows)
         # Whether a short answer holds every admitted row (an exact read) or a walk stopped on its budget.
         report_complete(plan.complete)
         return plan

@@ -228,3 +228,10 @@ def test_postgres_rows_sharing_a_node_id_are_each_written(request: pytest.Fixtur
         assert (result.matched, result.changed) == (2, 2)
         rows = [stored for page in retagger_for(target).scan(10) for stored in page]
         assert [stored.metadata["public"] for stored in rows] == [True, True]
+
+
+def test_a_key_chroma_would_read_as_an_operator_is_refused_before_writing(request: pytest.FixtureRequest) -> None:
+    with built("chroma", chunks("doc-a", 1), request) as (target, _):
+        with pytest.raises(GrantsError, match="operator") as raised:
+            retag(target, {"$users": ["u1"]}, document_ids=["doc-a"])
+        assert raised.value.key == "$users"

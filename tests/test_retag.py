@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,8 +12,7 @@ from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_jev import RuntimeContext
 from llama_jev.stores import GrantsError, RetagIncompleteError, RetagResult, aretag, checked_grants, retag
 from llama_jev.stores.grants import Stored, retagged
-from llama_jev.stores.retag_qdrant import QdrantRetagger
-from llama_jev.stores.retagging import _run, _selection, retagger_for
+from llama_jev.stores.retagging import _selection, retagger_for
 
 from .retag_support import ACL, KINDS, built, chunks
 from .support import HashEmbedding
@@ -156,53 +154,47 @@ def test_a_document_key_of_your_own_selects_its_chunks(request: pytest.FixtureRe
             retag(target, {"source": "s2"}, document_ids=["s1"], document_id_key="source")
 
 
-class _FailsOnSecondBatch(QdrantRetagger):
-    """Qdrant's writer over a real store whose second write request is refused, as a server going away would."""
+def _corrupt(target: Any, kind: str, node_id: str) -> None:
+    """Break one stored node's serialized copy (``_node_content``) in the store itself, as a bad write would."""
+    if kind == "qdrant":
+        target._client.set_payload(target.collection_name, payload={"_node_content": "{not json"}, points=[node_id])
+        return
+    import sqlalchemy
 
-    calls = 0
-
-    def write(self, updates: Sequence[Stored], keys: Sequence[str]) -> None:
-        type(self).calls += 1
-        if type(self).calls == 2:
-            raise ConnectionError("store went away")
-        super().write(updates, keys)
+    table = target._table_class.__table__
+    with target._engine.begin() as connection:
+        connection.execute(
+            table.update()
+            .where(table.c.node_id == node_id)
+            .values(metadata_=sqlalchemy.func.jsonb_set(table.c.metadata_, "{_node_content}", '"{not json"'))
+        )
 
 
 def test_a_store_failing_part_way_names_exactly_the_nodes_written(request: pytest.FixtureRequest) -> None:
     nodes = chunks("doc-a", 5)
     with built("qdrant", nodes, request) as (target, _):
-        writer = _FailsOnSecondBatch(target)
-        selection = _selection([node.node_id for node in nodes], None, "ref_doc_id")
-        with pytest.raises(RetagIncompleteError) as raised:
-            _run(writer, selection, {"public": True}, 2)
+        _corrupt(target, "qdrant", nodes[3].node_id)  # on the second page of two
+        with pytest.raises(RetagIncompleteError, match="after 2 nodes were written") as raised:
+            retag(target, {"public": True}, node_ids=[node.node_id for node in nodes], acl=ACL, batch_size=2)
         assert raised.value.written == (nodes[0].node_id, nodes[1].node_id)
-        assert raised.value.uncertain == (nodes[2].node_id, nodes[3].node_id)
-        stored = _stored(target)
-        assert [stored[node.node_id].metadata["public"] for node in nodes] == [True, True, False, False, False]
-        finished = retag(target, {"public": True}, node_ids=[node.node_id for node in nodes], acl=ACL)
-        assert (finished.matched, finished.changed) == (5, 3)
+        assert raised.value.uncertain == ()
+        stored = _flat(target)
+        assert [stored[node.node_id]["public"] for node in nodes] == [True, True, False, False, False]
 
 
-@pytest.mark.parametrize("kind", ["postgres-json", "postgres-jsonb"])
-def test_postgres_writes_all_or_nothing(kind: str, request: pytest.FixtureRequest) -> None:
+def test_postgres_writes_all_or_nothing(request: pytest.FixtureRequest) -> None:
     nodes = chunks("doc-a", 5)
-    with built(kind, nodes, request) as (target, _):
-        writer = retagger_for(target)
-        calls = []
-        original = writer.write
-
-        def second_fails(updates: Sequence[Stored], keys: Sequence[str]) -> None:
-            calls.append(len(updates))
-            original(updates, keys)
-            if len(calls) == 2:
-                raise ConnectionError("connection lost")
-
-        writer.write = second_fails  # type: ignore[method-assign]
+    with built("postgres-jsonb", nodes, request) as (target, _):
+        _corrupt(target, "postgres", nodes[3].node_id)  # the first page is written before it is read
         with pytest.raises(RetagIncompleteError) as raised:
-            _run(writer, _selection(None, ["doc-a"], "ref_doc_id"), {"public": True}, 2)
+            retag(target, {"public": True}, document_ids=["doc-a"], acl=ACL, batch_size=2)
         assert raised.value.written == ()
         assert raised.value.uncertain == ()
-        assert all(stored.metadata["public"] is False for stored in _stored(target).values())
+        assert [metadata["public"] for metadata in _flat(target).values()] == [False] * 5
+
+
+def _flat(target: Any) -> dict[str, Any]:
+    return {stored.node_id: stored.metadata for page in retagger_for(target).scan(100) for stored in page}
 
 
 def test_retagged_is_none_when_nothing_changes_and_typed_otherwise() -> None:
@@ -236,3 +228,10 @@ def test_postgres_rows_sharing_a_node_id_are_each_written(request: pytest.Fixtur
         assert (result.matched, result.changed) == (2, 2)
         rows = [stored for page in retagger_for(target).scan(10) for stored in page]
         assert [stored.metadata["public"] for stored in rows] == [True, True]
+
+
+def test_a_key_chroma_would_read_as_an_operator_is_refused_before_writing(request: pytest.FixtureRequest) -> None:
+    with built("chroma", chunks("doc-a", 1), request) as (target, _):
+        with pytest.raises(GrantsError, match="operator") as raised:
+            retag(target, {"$users": ["u1"]}, document_ids=["doc-a"])
+        assert raised.value.key == "$users"

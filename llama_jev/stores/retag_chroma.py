@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from llama_jev.stores.grants import Retagger, Selection, Stored
+from llama_jev.stores.grants import GrantsError, Retagger, Selection, Stored
 
 __all__ = ["ChromaRetagger"]
 
@@ -28,6 +28,13 @@ class ChromaRetagger(Retagger):
     @classmethod
     def recognises(cls, store: Any) -> bool:
         return any(klass.__name__ == "ChromaVectorStore" for klass in type(store).__mro__)
+
+    def checked(self, grants: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Refuses a key Chroma would read as an operator (``$...``): its ``where`` could not address it."""
+        for key in grants:
+            if key.startswith("$"):
+                raise GrantsError(key, "Chroma reads a key starting with $ as an operator; name the key otherwise")
+        return grants
 
     def pages(self, selection: Selection, size: int) -> Iterator[list[Stored]]:
         if selection.node_ids is not None:

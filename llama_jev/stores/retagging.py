@@ -192,28 +192,35 @@ def _selection(node_ids: Iterable[str] | None, document_ids: Iterable[str] | Non
 
 
 def _run(retagger: Retagger, selection: Selection, grants: dict[str, Any], size: int) -> RetagResult:
-    """Read the selection page by page, write each page's changed nodes; the counts and ids written."""
+    """Read the selection page by page, write each page's changed nodes; the counts and ids written.
+
+    Whatever fails part-way (a read, a stored node that cannot be read, a write) is a
+    :class:`RetagIncompleteError` saying what was written: nothing in a transaction (rolled back),
+    else the pages before it, and the page in flight as uncertain.
+    """
     matched = 0
     found: set[str] = set()
     written: list[str] = []
+    in_flight: tuple[str, ...] = ()
     keys = list(grants)
-    with retagger.transaction():
-        for page in retagger.pages(selection, size):
-            matched += len(page)
-            if selection.document_ids is not None:
-                found.update(str(stored.metadata.get(selection.document_id_key)) for stored in page)
-            else:
-                found.update(stored.node_id for stored in page)
-            updates = [update for stored in page if (update := retagged(stored, grants)) is not None]
-            if not updates:
-                continue
-            try:
+    try:
+        with retagger.transaction():
+            for page in retagger.pages(selection, size):
+                matched += len(page)
+                if selection.document_ids is not None:
+                    found.update(str(stored.metadata.get(selection.document_id_key)) for stored in page)
+                else:
+                    found.update(stored.node_id for stored in page)
+                updates = [update for stored in page if (update := retagged(stored, grants)) is not None]
+                if not updates:
+                    continue
+                in_flight = tuple(update.node_id for update in updates)
                 retagger.write(updates, keys)
-            except Exception as error:
-                done = () if retagger.atomic else tuple(written)
-                uncertain = () if retagger.atomic else tuple(update.node_id for update in updates)
-                raise RetagIncompleteError(retagger.name, written=done, uncertain=uncertain, cause=error) from error
-            written.extend(update.node_id for update in updates)
+                written.extend(in_flight)
+                in_flight = ()
+    except Exception as error:
+        done, uncertain = ((), ()) if retagger.atomic else (tuple(written), in_flight)
+        raise RetagIncompleteError(retagger.name, written=done, uncertain=uncertain, cause=error) from error
     missing = tuple(item for item in selection.asked if item not in found)
     return RetagResult(
         matched=matched, changed=len(written), written=tuple(written), missing=missing, atomic=retagger.atomic

@@ -418,3 +418,50 @@ def test_row_security_ddl_quotes_names_and_the_key() -> None:
         'GRANT USAGE ON SCHEMA "Tenant Data" TO "rag-app"',
         'GRANT SELECT ON "Tenant Data"."my ""docs""" TO "rag-app"',
     ]
+
+
+def test_the_key_census_reads_as_the_bound_caller(server: PostgresServer) -> None:
+    # Without a caller the table looks empty (and the retriever would ask again on every query).
+    store = AclPGVectorStore(**app_kwargs(server, row_security=True))
+    try:
+        assert store.key_census(["tenant", "users", "is_public"]).nodes == 0
+        with runtime_context(RuntimeContext(user_id="u1", tenant_id="globex")):
+            census = store.key_census(["tenant", "users", "is_public"])
+    finally:
+        assert store._engine is not None
+        store._engine.dispose()
+    assert census.nodes == len(OF["globex"])
+    assert census.absent == ("is_public",)
+
+
+def test_the_policy_keeps_the_planners_estimate_of_a_large_tenant(server: PostgresServer) -> None:
+    # A type check written "jsonb_typeof(...) = 'string'" is estimated at 0.5 % of the rows: with
+    # it, the planner read a 25 % tenant through the tenant index instead of walking HNSW (450 ms
+    # instead of 3 ms at 100,000 rows). The policy's own estimate must stay near the tenant's size.
+    engine = sqlalchemy.create_engine(server.url)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("DROP TABLE IF EXISTS data_rls_estimate")
+            connection.exec_driver_sql(
+                "CREATE TABLE data_rls_estimate AS SELECT i AS id, json_build_object('tenant', "
+                "CASE WHEN mod(i, 4) = 0 THEN 'large' ELSE 'small-' || mod(i, 50) END) AS metadata_ "
+                "FROM generate_series(1, 4000) AS i"
+            )
+            connection.exec_driver_sql("CREATE INDEX ON data_rls_estimate ((metadata_ ->> 'tenant'))")
+            for statement in row_security_ddl(ACL, "data_rls_estimate", role=APP_ROLE):
+                connection.exec_driver_sql(statement)
+            connection.exec_driver_sql("ANALYZE data_rls_estimate")
+        app = sqlalchemy.create_engine(app_url(server))
+        try:
+            with app.begin() as connection:
+                connection.exec_driver_sql("SELECT set_config('llama_jev.tenant', 'large', true)")
+                plan = connection.scalar(sqlalchemy.text("EXPLAIN (FORMAT JSON) SELECT id FROM data_rls_estimate"))
+                rows = connection.scalar(sqlalchemy.text("SELECT count(*) FROM data_rls_estimate"))
+        finally:
+            app.dispose()
+    finally:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("DROP TABLE IF EXISTS data_rls_estimate")
+        engine.dispose()
+    assert rows == 1000
+    assert plan[0]["Plan"]["Plan Rows"] >= 500  # estimated near 1,000, not 0.5 % of it

@@ -217,10 +217,13 @@ class RowSecurity:
                 sqlalchemy.event.listen(engine, "begin", _set_tenant)
 
     @contextmanager
-    def scope(self, filters: Any) -> Iterator[str | None]:
-        """For the block: the tenant of :func:`query_tenant` is what each transaction sets."""
+    def scope(self, filters: Any, *, quiet: bool = False) -> Iterator[str | None]:
+        """For the block: the tenant of :func:`query_tenant` is what each transaction sets.
+
+        ``quiet``: no warning without a tenant (a diagnostic read, not a caller's query).
+        """
         tenant = query_tenant(filters)
-        if tenant is None and not self._warned.is_set():
+        if tenant is None and not quiet and not self._warned.is_set():
             self._warned.set()
             logger.warning(
                 "%s(row_security=True): a query carried no caller's tenant (no AclFilters of a caller with a "

@@ -244,9 +244,9 @@ class AclPGVectorStore(PGVectorStore):
             nodes: list[BaseNode] = await super().aget_nodes(node_ids, filters)
             return nodes
 
-    def _tenant_scope(self, filters: Any) -> AbstractContextManager[Any]:
+    def _tenant_scope(self, filters: Any, *, quiet: bool = False) -> AbstractContextManager[Any]:
         # row_security: the caller's tenant for every transaction begun in the block.
-        return nullcontext() if self._row_security is None else self._row_security.scope(filters)
+        return nullcontext() if self._row_security is None else self._row_security.scope(filters, quiet=quiet)
 
     def _qualified_table(self) -> str:
         # schema_name is checked against [A-Za-z_][A-Za-z0-9_]* by the stock store; the table
@@ -401,7 +401,14 @@ class AclPGVectorStore(PGVectorStore):
 
         One ``LIMIT 1`` query per key, plus the key names (never the values) of ``_KEY_SAMPLE``
         rows, for diagnosing an ACL that denies everything because the data names its keys otherwise.
+        With ``row_security``, the rows of the bound caller's tenant (none without one).
         """
+        # Under row_security an empty setting shows an empty table, which the retriever asks again
+        # on every query: the census reads as the bound caller, like the query it comes with.
+        with self._tenant_scope(None, quiet=True):
+            return self._key_census(keys)
+
+    def _key_census(self, keys: Sequence[str]) -> KeyCensus:
         self._initialize()
         table = self._table_class.__table__
         where = f"the rows of PostgreSQL table {table.name!r}"

@@ -73,6 +73,11 @@ def build_table(
     table = f"data_{name}"
     with store._engine.connect() as connection:
         found = connection.exec_driver_sql(f"SELECT obj_description('public.{table}'::regclass)").scalar()
+        server = connection.exec_driver_sql(
+            "SELECT current_setting('server_version'), (SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
+            "current_setting('shared_buffers'), current_setting('work_mem')"
+        ).one()
+        print(f"  PostgreSQL {server[0]}, pgvector {server[1]}, shared_buffers {server[2]}, work_mem {server[3]}")
         if found == tag:
             size = connection.exec_driver_sql(f"SELECT pg_size_pretty(pg_total_relation_size('{table}'))").scalar()
             store._engine.dispose()
@@ -94,7 +99,8 @@ def build_table(
                 stored = node_to_metadata_dict(node, remove_text=True, flat_metadata=False)
                 writer.writerow(("passage", json.dumps(stored), node_id, vector))
             buffer.seek(0)
-            cursor.copy_expert(f"COPY {table} (text, metadata_, node_id, embedding) FROM STDIN WITH (FORMAT csv)", buffer)
+            columns = "text, metadata_, node_id, embedding"
+            cursor.copy_expert(f"COPY {table} ({columns}) FROM STDIN WITH (FORMAT csv)", buffer)
             raw.commit()
             if start and start % (10 * CHUNK) == 0:
                 print(f"  loaded {start:,} rows ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -159,7 +165,7 @@ class Worker:
     def __init__(self, label: str, root: Path, spec: dict[str, Any]) -> None:
         self.label = label
         env = {**os.environ, "PYTHONPATH": str(root)}
-        self._process = subprocess.Popen(  # noqa: S603
+        self._process = subprocess.Popen(
             [sys.executable, str(HERE / "_filtered_worker.py")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, cwd=str(root),
         )  # fmt: skip

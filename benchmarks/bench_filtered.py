@@ -136,7 +136,9 @@ class Data:
     def metadata(self, i: int) -> dict[str, Any]:
         code = int(self.tenant_codes[i])
         tenant = tenant_of(TENANT_SHARES[code]) if code >= 0 else f"other-{i % 97}"
-        users = [f"user-{i % 31}"] + [grantee_of(s) for s, rows in zip(GRANT_SHARES, self.granted) if rows[i]]
+        users = [f"user-{i % 31}"] + [
+            grantee_of(s) for s, rows in zip(GRANT_SHARES, self.granted, strict=True) if rows[i]
+        ]
         roles = (["staff"], "staff", ["staff", "admin"], ["sales", "staff"])[i % 4]
         return {"tenant": tenant, "users": users, "roles": roles, "public": False}
 
@@ -151,7 +153,7 @@ class Data:
         """``(node_id, metadata, vector as pgvector text)`` of rows ``start..end``, for ``COPY``."""
         text = io.StringIO()
         np.savetxt(text, self.vectors[start:end], fmt="%.9g", delimiter=",")  # float32 round-trips at 9 digits
-        for i, line in zip(range(start, end), text.getvalue().splitlines()):
+        for i, line in zip(range(start, end), text.getvalue().splitlines(), strict=True):
             yield self.node_id(i), self.metadata(i), f"[{line}]"
 
     def truth(self, caller: Caller) -> list[set[int]]:
@@ -192,7 +194,8 @@ def make_data(n: int, dim: int, queries: int, seed: int = SEED) -> Data:
         mask = np.zeros(n, dtype=bool)
         mask[rows] = True
         granted.append(mask)
-        callers.append(Caller(f"grant list {share * 100:g} %", "grant", RuntimeContext(user_id=grantee_of(share)), rows))
+        ctx = RuntimeContext(user_id=grantee_of(share))
+        callers.append(Caller(f"grant list {share * 100:g} %", "grant", ctx, rows))
     asked = centres[rng.integers(0, count, queries)] + 0.6 * rng.standard_normal((queries, dim))
     asked = (asked / np.linalg.norm(asked, axis=1, keepdims=True)).astype(np.float32)
     return Data(vectors, codes, granted, asked, callers, count)
@@ -293,7 +296,7 @@ def measure(stores: list[tuple[str, Ask]], data: Data, callers: list[Caller]) ->
             ask(caller, data.queries[-1].tolist())  # warm-up (its estimate, its index pages)
         for q in range(len(data.queries)):
             embedding = data.queries[q].tolist()
-            for point, (_, ask) in zip(mine, stores):
+            for point, (_, ask) in zip(mine, stores, strict=True):
                 answer = ask(caller, embedding)
                 rows = [data.row_of(node_id) for node_id in answer["ids"]]
                 point.seconds.append(answer["seconds"])
@@ -380,10 +383,21 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=30, help="queries per caller")
     parser.add_argument("--stores", default=",".join(STORES), help=f"comma-separated, of {', '.join(STORES)}")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
-    parser.add_argument("--keep", type=Path, nargs="?", const=KEPT, default=None, metavar="DIR",
-                        help=f"keep the embedded PostgreSQL's data folder in DIR (default {KEPT}) and reuse its tables")
-    parser.add_argument("--baseline", default=None, metavar="REF",
-                        help="also measure the PostgreSQL store of this git ref (a worktree), e.g. dff3a63")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        nargs="?",
+        const=KEPT,
+        default=None,
+        metavar="DIR",
+        help=f"keep the embedded PostgreSQL's data folder in DIR (default {KEPT}) and reuse its tables",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="REF",
+        help="also measure the PostgreSQL store of this git ref (a worktree), e.g. dff3a63",
+    )
     parser.add_argument("--jsonb", action="store_true", help="measure a use_jsonb=True table too (PostgreSQL)")
     args = parser.parse_args()  # fmt: skip
     stores = [name.strip() for name in args.stores.split(",") if name.strip()]
@@ -395,7 +409,8 @@ def main() -> None:
 
     started = time.perf_counter()
     data = make_data(args.n, args.dim, args.queries)
-    print(f"data: {args.n:,} x {args.dim}-d, {data.centres} clusters, seed {SEED} ({time.perf_counter() - started:.0f} s)")
+    spent = time.perf_counter() - started
+    print(f"data: {args.n:,} x {args.dim}-d, {data.centres} clusters, seed {SEED} ({spent:.0f} s)")
     points: list[Point] = []
     for name in stores:
         if name == "postgres":
@@ -407,7 +422,8 @@ def main() -> None:
             callers = [c for c in data.callers if name != "chroma" or c.acl == "tenant"]
             points.extend(measure([(name, in_process(index, name))], data, callers))
     if points:
-        print_table(f"{args.n:,} nodes, {args.dim}-d, k = {K}, {args.queries} queries per caller, mode OFF", points, None)
+        title = f"{args.n:,} nodes, {args.dim}-d, k = {K}, {args.queries} queries per caller, mode OFF"
+        print_table(title, points, None)
 
 
 if __name__ == "__main__":

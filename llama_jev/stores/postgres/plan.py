@@ -250,9 +250,21 @@ def plan_dense(
         if admitted <= EXACT_ROWS:
             return Plan(rows, "exact", estimate, admitted)
         estimate = admitted  # more than the estimate said: the next query goes straight to HNSW
-    rows_read = hnsw_query(window(k)).cte("window").prefix_with("MATERIALIZED")
-    resorted = select(rows_read).order_by(rows_read.c.distance).limit(k)
-    return Plan(list((yield resorted)), "hnsw", estimate, admitted)
+    return Plan(list((yield _resorted(hnsw_query(window(k)), k))), "hnsw", estimate, admitted)
+
+
+def _resorted(window_query: Any, k: int) -> Executable:
+    """The first ``k`` of the HNSW window, re-sorted exactly by distance.
+
+    The window is a ``MATERIALIZED`` CTE, read in the iterative scan's loose (``relaxed_order``)
+    order. On PostgreSQL 17 and later the planner carries the CTE's ``ORDER BY distance`` up to
+    the outer query and plans no Sort for ``ORDER BY distance``: the caller got the scan's order
+    (the first k rows it handed over, not the nearest k of the window). Ordering by
+    ``distance + 0``, pgvector's own remedy, is an expression the CTE is not sorted by, so the
+    Sort node stays (tested with ``EXPLAIN``).
+    """
+    rows_read = window_query.cte("window").prefix_with("MATERIALIZED")
+    return select(rows_read).order_by(rows_read.c.distance + 0).limit(k)
 
 
 def _exact(table: Any, embedding: Sequence[float], k: int, where: ColumnElement[bool]) -> Executable:

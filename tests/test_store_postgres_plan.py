@@ -151,7 +151,7 @@ def test_the_sliver_is_ranked_exactly_and_the_broad_caller_goes_through_hnsw(tab
     assert (sliver.path, sliver.admitted) == ("exact", SLIVER)
     broad = _plan(store, _query(table, 0, BROAD_CALLER))
     assert broad.path == "hnsw"
-    assert broad.estimate > postgres_plan.ESTIMATE_GATE
+    assert broad.known > postgres_plan.ESTIMATE_GATE  # estimated or counted over the line: the next query walks
 
 
 def test_the_broad_path_returns_k_readable_rows_near_the_exact_top_k(table: Table) -> None:

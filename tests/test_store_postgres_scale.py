@@ -8,6 +8,7 @@ path), a grant of a few hundred rows spread thinly over every tenant (a user id 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -15,16 +16,28 @@ import pytest
 pytest.importorskip("llama_index.vector_stores.postgres")
 
 import numpy as np
-from llama_index.core.schema import TextNode
+from llama_index.core import VectorStoreIndex
+from llama_index.core.schema import QueryBundle, TextNode
 from llama_index.core.vector_stores.types import VectorStoreQuery
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
-from llama_jev import MetadataAcl, RuntimeContext
-from llama_jev.stores.postgres import AclPGVectorStore, acl_filters
+from llama_jev import (
+    CandidateSelector,
+    DecisionRecord,
+    ExecutionOptions,
+    JevRetriever,
+    MetadataAcl,
+    Mode,
+    RuntimeContext,
+    ScriptedJudge,
+)
+from llama_jev.stores.postgres import AclPGVectorStore, acl_filters, cost
 from llama_jev.stores.postgres import plan as postgres_plan
+from llama_jev.stores.postgres.plan import estimate_key
 from llama_jev.testing.postgres import PostgresServer
 
 from .postgres_support import store_kwargs
+from .support import HashEmbedding
 
 pytestmark = pytest.mark.slow  # PostgreSQL
 
@@ -32,10 +45,13 @@ ROWS = 20_000
 DIMENSIONS = 32
 K = 10
 GRANTED = 300  # rows whose users list holds "grantee", spread over every tenant (1.5 %)
+RARE = 20  # rows (0.1 %) whose users list holds "rare"
 TENANT_ACL = MetadataAcl(tenant_key="tenant")
 GRANT_ACL = MetadataAcl(users_key="users", roles_key="roles")
 BROAD = RuntimeContext(user_id="u1", tenant_id="big")
 GRANTEE = RuntimeContext(user_id="grantee", roles={"nobody"})
+RARE_GRANTEE = RuntimeContext(user_id="rare", roles={"nobody"})
+MID = RuntimeContext(user_id="u1", tenant_id="mid")  # a tenant of 5,000 rows (25 %)
 
 
 class Table:
@@ -61,11 +77,12 @@ def write_table(server: PostgresServer, name: str, *, use_jsonb: bool = False) -
     centres = rng.standard_normal((32, DIMENSIONS))
     vectors = centres[rng.integers(0, 32, ROWS)] + 0.6 * rng.standard_normal((ROWS, DIMENSIONS))
     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
-    granted = set(rng.choice(ROWS, GRANTED, replace=False).tolist())
+    picked = rng.choice(ROWS, GRANTED + RARE, replace=False).tolist()
+    granted, rare = set(picked[:GRANTED]), set(picked[GRANTED:])
     metadata = [
         {
-            "tenant": "big" if i % 2 else f"t{i % 40}",
-            "users": ["someone", "grantee"] if i in granted else ["someone"],
+            "tenant": "big" if i % 2 else "mid" if i % 4 == 0 else f"t{i % 40}",
+            "users": ["someone", *(["grantee"] if i in granted else []), *(["rare"] if i in rare else [])],
             "roles": ["staff"],
         }
         for i in range(ROWS)
@@ -100,7 +117,8 @@ def table(postgres_server: PostgresServer) -> Table:
 
 
 def _query(table: Table, q: int, acl: MetadataAcl, ctx: RuntimeContext, k: int = K) -> VectorStoreQuery:
-    return VectorStoreQuery(query_embedding=table.queries[q].tolist(), similarity_top_k=k, filters=acl_filters(acl, ctx))
+    embedding = table.queries[q].tolist()
+    return VectorStoreQuery(query_embedding=embedding, similarity_top_k=k, filters=acl_filters(acl, ctx))
 
 
 def _run(store: AclPGVectorStore, query: VectorStoreQuery) -> tuple[postgres_plan.Plan, list[Any], Any]:
@@ -144,3 +162,154 @@ def test_the_hnsw_path_sorts_its_window_exactly(table: Table, acl: MetadataAcl, 
         loose += distances != sorted(distances)
     if ctx is GRANTEE:
         assert loose  # a selective filter: the iterative scan's loose order is not the exact order
+
+
+# --- the path by estimated cost: the line grows with the table -------------------------------------
+
+
+def test_the_line_grows_with_the_table_and_stays_bounded() -> None:
+    assert cost.exact_rows(20_000) == cost.exact_rows(cost.SMALL_TABLE) == 3_000  # a small table: 0.3's line
+    assert 10_000 <= cost.exact_rows(1_000_000) <= cost.EXACT_ROWS_MAX  # a 1 % tenant of 10**6 is ranked exactly
+    assert cost.exact_rows(10**9) == cost.EXACT_ROWS_MAX
+    assert cost.EXACT_ROWS_MAX * cost.EXACT_US_PER_ROW / 1000 <= 150  # ms: the exact path's bound
+    sizes = [10**4, 10**5, 3 * 10**5, 10**6, 3 * 10**6]
+    assert [cost.exact_rows(n) for n in sizes] == sorted(cost.exact_rows(n) for n in sizes)
+    assert [cost.ef_search(n, K) for n in (10**4, 10**5)] == [80, 80]
+    assert 380 <= cost.ef_search(10**6, K) <= 420  # recall@10 0.973 at 400 on 10**6 rows (0.910 at 80)
+    assert cost.ef_search(10**8, K) == cost.EF_SEARCH_MAX
+    assert (cost.window(K), cost.window(K, 10**6)) == (20, 40)
+
+
+def _explain_rows(rows: int, node: str = "Index Scan") -> list[Any]:
+    """An ``EXPLAIN (FORMAT JSON)`` answer of one node estimating ``rows``, as the driver hands it over."""
+    return [([{"Plan": {"Node Type": node, "Plan Rows": rows}}],)]
+
+
+@pytest.mark.parametrize(("table_rows", "path"), [(100_000, "hnsw"), (1_000_000, "exact")])
+def test_the_path_follows_the_table_size(table: Table, table_rows: int, path: str) -> None:
+    # A tenant estimated at 8,000 rows: over the line (and twice it) of 10**5 rows, under the line of 10**6.
+    model = AclPGVectorStore(**table.kwargs)._table_class
+    where = model.id > 0
+    steps = postgres_plan.plan_dense(
+        model, [0.0] * DIMENSIONS, K, where, lambda size: None, values=postgres_plan.settings(K, iterative=True)
+    )
+    next(steps)  # the settings
+    steps.send([])
+    statement = steps.send(_explain_rows(table_rows, "Seq Scan"))  # the whole table
+    statement = steps.send(_explain_rows(8_000))  # the filter, through an index
+    sql = str(statement.compile())
+    assert ("admitted" in sql) == (path == "exact"), sql  # the exact path's CTE, or the walk's settings
+
+
+def test_the_store_reads_the_table_size(table: Table, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = AclPGVectorStore(**table.kwargs)
+    plan = _run(store, _query(table, 0, TENANT_ACL, MID))[0]
+    assert abs(plan.table_rows - ROWS) <= ROWS // 10
+    # The 5,000-row tenant is over 3,000 on 20,000 rows; measured against a smaller reference size,
+    # the same table counts as a large one and its line rises past the tenant.
+    assert (plan.path, plan.limit, plan.admitted) == ("hnsw", 3_000, 3_001)
+    monkeypatch.setattr(cost, "SMALL_TABLE", 2_000)
+    plan = _run(AclPGVectorStore(**table.kwargs), _query(table, 0, TENANT_ACL, MID))[0]
+    assert (plan.path, plan.admitted) == ("exact", ROWS // 4)
+    assert plan.limit == cost.exact_rows(plan.table_rows) > ROWS // 4
+    assert [row.node_id for row in plan.rows] == table.top(TENANT_ACL, MID, table.queries[0])
+
+
+def test_a_count_over_the_line_is_remembered_and_the_next_query_walks(table: Table) -> None:
+    store = AclPGVectorStore(**table.kwargs)
+    first = _run(store, _query(table, 0, TENANT_ACL, MID))[0]
+    store._estimates.put(estimate_key(store._recursively_apply_filters(acl_filters(TENANT_ACL, MID))), first.known)
+    second = _run(store, _query(table, 1, TENANT_ACL, MID))[0]
+    assert (first.admitted, second.admitted, second.path) == (3_001, None, "hnsw")
+
+
+# --- grant lists: the blind estimate ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+async def test_a_grant_list_caller_of_a_few_hundred_rows_is_ranked_exactly(table: Table, use_async: bool) -> None:
+    # Over the JSON column the planner estimates half the table for any grant: 0.3 walked HNSW.
+    store = AclPGVectorStore(**table.kwargs)
+    plan = _run(store, _query(table, 0, GRANT_ACL, GRANTEE))[0]
+    assert (plan.path, plan.admitted, plan.blind) == ("exact", GRANTED, True)
+    try:
+        for q in range(len(table.queries)):
+            query = _query(table, q, GRANT_ACL, GRANTEE)
+            result = await store.aquery(query) if use_async else store.query(query)
+            assert result.ids == table.top(GRANT_ACL, GRANTEE, table.queries[q])
+    finally:
+        await store.close()
+
+
+# --- completeness: a walk stopped by its budget is never read as "the store holds no more" ----------
+
+
+def _selector(mode: Mode, records: list[DecisionRecord]) -> CandidateSelector:
+    observer = None if mode is Mode.OFF else (lambda ctx, record: records.append(record))
+    return CandidateSelector(ScriptedJudge(lambda *a: 0.9), ExecutionOptions(mode=mode, observer=observer))
+
+
+def _retriever(store: AclPGVectorStore, mode: Mode, records: list[DecisionRecord]) -> JevRetriever:
+    index = VectorStoreIndex.from_vector_store(store, embed_model=HashEmbedding(dimensions=DIMENSIONS))
+    return JevRetriever.from_index(index, _selector(mode, records), GRANT_ACL, top_k=K, candidate_limit=K)
+
+
+async def _retrieve(retriever: JevRetriever, table: Table, q: int, ctx: RuntimeContext, use_async: bool) -> list[str]:
+    bundle = QueryBundle("which passages", embedding=table.queries[q].tolist())
+    found = await retriever.aretrieve(bundle, ctx=ctx) if use_async else retriever.retrieve(bundle, ctx=ctx)
+    return [node.node.node_id for node in found]
+
+
+@pytest.fixture
+def tight_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk's budget tightened (as issue 40 did with hnsw.max_scan_tuples 2,000), grant lists walked first."""
+    monkeypatch.setattr(cost, "MAX_SCAN_TUPLES", 100)
+    monkeypatch.setitem(postgres_plan.ITERATIVE_SETTINGS, "hnsw.max_scan_tuples", "100")  # (0.3 set it here)
+    monkeypatch.setattr(cost, "BLIND_TABLE_ROWS", 0)  # the blind estimate (half the table) sends them to HNSW
+
+
+@pytest.mark.usefixtures("tight_walk")
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+async def test_a_walk_stopped_by_its_budget_is_ranked_exactly_and_the_caller_gets_k(
+    table: Table, use_async: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 0.3 returned the few rows the walk found (issue 40: 2.2 of 10 on average), silently.
+    store = AclPGVectorStore(**table.kwargs)
+    plan = _run(store, _query(table, 0, GRANT_ACL, RARE_GRANTEE))[0]
+    assert (plan.path, plan.admitted, plan.complete) == ("exact", RARE, True)  # after a walk that came back short
+    records: list[DecisionRecord] = []
+    retriever = _retriever(store, Mode.SHADOW, records)
+    try:
+        for q in range(3):
+            got = await _retrieve(retriever, table, q, RARE_GRANTEE, use_async)
+            assert got == table.top(GRANT_ACL, RARE_GRANTEE, table.queries[q])  # min(k, readable), exactly
+    finally:
+        await store.close()
+    assert [(r.found, r.rounds, r.shortfall) for r in records] == [(K, 1, None)] * 3
+    assert not [m for m in caplog.messages if "fewer nodes than wanted" in m]
+
+
+@pytest.mark.usefixtures("tight_walk")
+@pytest.mark.parametrize("mode", [Mode.SHADOW, Mode.ENFORCE])
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+async def test_a_walk_that_cannot_be_ranked_exactly_says_it_is_incomplete(
+    table: Table, mode: Mode, use_async: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A customize_query_fn keeps the store's own statement: no exact path to fall back on. The
+    # short answer is not read as exhausted: widened to the bound, then warned and recorded.
+    caplog.set_level(logging.WARNING, logger="llama_jev")
+    store = AclPGVectorStore(**table.kwargs, customize_query_fn=_own_statement)
+    records: list[DecisionRecord] = []
+    retriever = _retriever(store, mode, records)
+    try:
+        got = await _retrieve(retriever, table, 0, RARE_GRANTEE, use_async)
+    finally:
+        await store.close()
+    assert len(got) < K
+    (record,) = records
+    assert (record.found, record.shortfall) == (len(got), "incomplete")
+    assert record.rounds is not None
+    assert record.rounds > 1  # asked again with a wider window before giving up
+    (warning,) = [m for m in caplog.messages if "fewer nodes than wanted" in m]
+    assert "stopped before reading all" in warning
+    assert "rare" not in warning  # counts, never an identity value

@@ -5,22 +5,27 @@ even for a tenant of a few hundred rows of 100,000 (measured, pgvector 0.8): the
 visits candidates until its memory budget runs out and returns fewer than k rows, or the wrong
 ones. So the store chooses, as Qdrant's query planner does:
 
-1. **Estimate** the rows the filters admit: the planner's row estimate (``EXPLAIN``, no row
-   read; with an index on the tenant expression it has that expression's statistics), kept
-   for :data:`ESTIMATE_SECONDS` per filter so a caller's next queries skip it.
-2. **Selective** (the estimate at most :data:`ESTIMATE_GATE`): read the admitted rows through
-   the indexes, at most :data:`EXACT_ROWS` + 1 of them, in a ``MATERIALIZED`` CTE the HNSW index
-   cannot serve, and rank them exactly. The CTE counts them too: when it held at most
-   :data:`EXACT_ROWS`, its top k is the answer (the exact filtered top k).
-3. **Broad** (a larger estimate, or more rows than :data:`EXACT_ROWS` after all): HNSW with
-   pgvector 0.8's iterative scan in ``relaxed_order`` (set for this transaction only), a window
-   of :func:`window` rows (``ef_search`` :data:`EF_SEARCH`) re-sorted exactly.
+1. **Size** the table (the planner's estimate of all its rows) and the filter (its row estimate,
+   ``EXPLAIN``, no row read; with an index on the tenant expression it has that expression's
+   statistics), each kept for :data:`ESTIMATE_SECONDS` so a caller's next queries skip them.
+   The table's size sets the line (``llama_jev.stores.postgres.cost``: 3,000 rows up to 100,000,
+   11,943 at 1,000,000, at most 20,000).
+2. **Selective** (an estimate at most twice the line, or a blind estimate on a small table):
+   read the admitted rows through the indexes, at most the line + 1 of them, in a
+   ``MATERIALIZED`` CTE the HNSW index cannot serve, and rank them exactly. The CTE counts them
+   too: when it held at most the line, its top k is the answer (the exact filtered top k), and
+   the count, not a statistic, decided.
+3. **Broad** (a larger estimate, or more rows than the line after all): HNSW with pgvector
+   0.8's iterative scan in ``relaxed_order`` (set for this transaction only), ``ef_search`` and
+   a window growing with the table, the window re-sorted exactly (``distance + 0``: on
+   PostgreSQL 17+ a plain ``ORDER BY distance`` over the CTE plans no Sort). A walk shorter than
+   ``k`` stopped on its budget: the admitted rows are ranked exactly instead (up to 20,000), and
+   :attr:`Plan.complete` says whether the answer holds every admitted row.
 
 Measured at 100,000 clustered 384-d rows (docs/stores-and-pushdown.md): the HNSW path alone
 (``ef_search`` 100) reached recall@10 0.98 / 0.99 at 50 % / 5 % readable but 0.94 at 0.5 % (117 ms)
-and 0.92 at 0.05 % (1.2 s); the exact path costs 15-35 us per admitted row (the ACL's checks and the
-vector read), so 3,000 rows stay under 100 ms while every share below 3 % of such a table is
-ranked exactly.
+and 0.92 at 0.05 % (1.2 s); at 1,000,000 128-d rows (issue 40) the exact path costs about 5 us a
+row and HNSW at 0.5-1 % gave recall 0.81-0.89.
 
 The logic is written once, as a generator that yields statements and receives their rows, so
 the sync (psycopg2) and async (asyncpg) paths run the same plan (:func:`run_sync`,
@@ -48,6 +53,7 @@ from sqlalchemy.sql.expression import Executable
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from llama_jev.acl.rules import MetadataAcl
+from llama_jev.stores.postgres import cost
 
 __all__ = [
     "ESTIMATE_GATE",
@@ -58,6 +64,7 @@ __all__ = [
     "WINDOW",
     "Plan",
     "Steps",
+    "TABLE_KEY",
     "acl_indexes",
     "estimate_key",
     "plan_dense",
@@ -67,43 +74,35 @@ __all__ = [
     "run_sync",
 ]
 
-EXACT_ROWS = 3_000
-"""The most admitted rows ranked exactly (docs/stores-and-pushdown.md gives the measurements)."""
+EXACT_ROWS = cost.EXACT_ROWS
+"""The most admitted rows ranked exactly on a small table (``cost.exact_rows`` grows it with the table)."""
 
-ESTIMATE_GATE = EXACT_ROWS
-"""A planner estimate above this goes to HNSW without reading a row; at or below it the exact
-path reads at most ``EXACT_ROWS + 1`` rows and its count has the last word."""
+ESTIMATE_GATE = cost.GATE_FACTOR * EXACT_ROWS
+"""On a small table, a planner estimate above this goes to HNSW without reading a row; at or below it
+the exact path reads at most ``EXACT_ROWS + 1`` rows and its count has the last word."""
 
-EF_SEARCH = 80
-"""``hnsw.ef_search`` of the broad path (at least ``window(k)``): the candidates the index keeps per step.
+EF_SEARCH = cost.EF_SEARCH
+WINDOW = cost.WINDOW
+window = cost.window
 
-The smallest value that kept recall@10 at 0.95 or more at 50 % and 5 % readable of 100,000
-clustered rows over 100 queries (0.955 / 0.974; 60 gave 0.932 at 50 %, 100 gave 0.962): the
-latency hardly moves with it (40 to 100: about 1.5 ms of 13), the recall does."""
-
-_EF_SEARCH_MAX = 1000
-
-WINDOW = 20
-"""Rows the broad path reads from the HNSW index (at least ``2 k``) and re-sorts exactly: with
-``relaxed_order`` the index hands rows over nearly in order, and every row past k costs the
-ACL's checks and a vector read (a window of 100 cost 15 % more at 50 % readable, for no recall)."""
-
-# pgvector's settings for the broad path, set for the query's transaction only (set_config(..., true))
+# pgvector's settings for the HNSW path, set for the query's transaction only (set_config(..., true))
 # before either path runs: the exact path's CTE has no ORDER BY for the HNSW index to serve, so they
-# do not touch it, and one statement sets them all.
+# do not touch it. ef_search and max_scan_tuples follow the table's size: set before the walk.
 ITERATIVE_SETTINGS = {
     "hnsw.iterative_scan": "relaxed_order",
-    # The index keeps visiting candidates until this many tuples or its memory budget
+    # The index keeps visiting candidates until max_scan_tuples or its memory budget
     # (scan_mem_multiplier x work_mem): the budget, not the tuples, stopped the scan (DESIGN.md Part 5).
-    "hnsw.max_scan_tuples": "40000",
     "hnsw.scan_mem_multiplier": "4",
 }
 _PLAN_SETTINGS = {
     # A prepared statement (asyncpg) must not get a generic plan: the tenant index serves a tenant value.
     "plan_cache_mode": "force_custom_plan",
-    # Over EXACT_ROWS admitted rows a scan of the whole table and a sort is what the broad path avoids.
+    # Over the line a scan of the whole table and a sort is what the HNSW path avoids.
     "enable_seqscan": "off",
 }
+TABLE_KEY = ("llama_jev:table rows",)
+"""The key of the whole table's estimate in :class:`Estimates` (no filter's key has this shape)."""
+_OVER = 2**62  # remembered for a filter counted over the line: the next queries go straight to HNSW
 
 Rows = Sequence[Any]
 Steps = Generator[Executable, Rows, "Plan"]
@@ -117,9 +116,25 @@ class Plan:
     path: str
     """``"exact"`` (the admitted rows ranked exactly) or ``"hnsw"`` (the index, iterative scan)."""
     estimate: int
-    """The planner's estimate of the admitted rows."""
+    """The planner's estimate of the admitted rows (or a count remembered from an earlier query)."""
     admitted: int | None
-    """The admitted rows counted by the exact path (``EXACT_ROWS + 1`` means "more"); ``None`` when it did not run."""
+    """The admitted rows counted by the exact path (``limit + 1`` means "more"); ``None`` when it did not run."""
+    complete: bool = True
+    """Whether an answer shorter than ``k`` holds every admitted row (an exact read); ``False``: a walk
+    stopped by its budget, the store may hold more."""
+    limit: int = EXACT_ROWS
+    """The most admitted rows this table's size lets the exact path rank (:func:`cost.exact_rows`)."""
+    table_rows: int = 0
+    """The planner's estimate of the whole table's rows."""
+    blind: bool = False
+    """Whether the estimate rested on no index (:func:`cost.blind`)."""
+
+    @property
+    def known(self) -> int:
+        """What the next query of the same filter routes by: the count when one was taken, else the estimate."""
+        if self.admitted is None:
+            return self.estimate
+        return self.admitted if self.admitted <= self.limit else _OVER
 
 
 class _Explain(Executable, ClauseElement):
@@ -143,6 +158,13 @@ def _settings(values: dict[str, str]) -> Executable:
     return select(*(func.set_config(literal(name, TEXT), literal(value, TEXT), True) for name, value in values.items()))
 
 
+def _explained(rows: Rows) -> dict[str, Any]:
+    plan = rows[0][0]
+    if isinstance(plan, str):  # asyncpg hands json over as text, psycopg2 parsed
+        plan = json.loads(plan)
+    return typing.cast("dict[str, Any]", plan[0]["Plan"])
+
+
 def _estimate(rows: Rows) -> int:
     """The largest row estimate of any node of the plan: the tenant index's own, where one is used.
 
@@ -150,10 +172,7 @@ def _estimate(rows: Rows) -> int:
     selectivities for the grant checks (a half for the JSON column's ``EXISTS``), which the data
     need not follow; the index scan's estimate is what the planner knows.
     """
-    plan = rows[0][0]
-    if isinstance(plan, str):  # asyncpg hands json over as text, psycopg2 parsed
-        plan = json.loads(plan)
-    return _largest(plan[0]["Plan"])
+    return _largest(_explained(rows))
 
 
 def _largest(node: dict[str, Any]) -> int:
@@ -207,19 +226,24 @@ def estimate_key(where: ColumnElement[bool]) -> Hashable | None:
     return (key.key, tuple(repr(bind.effective_value) for bind in key.bindparams))
 
 
-def window(k: int) -> int:
-    """The rows the broad path reads for a top ``k``."""
-    return max(WINDOW, 2 * k)
-
-
 def settings(k: int, *, iterative: bool, ef_search: int = 0) -> dict[str, str]:
-    """The settings of one planned query: ``iterative`` where pgvector has iterative scans (0.8+)."""
+    """The settings of one planned query, before its path is known: ``iterative`` where pgvector has
+    iterative scans (0.8+); ``ef_search`` the caller's floor (the HNSW path sets its own, by the table's size).
+    """
     return {
         **_PLAN_SETTINGS,
         **(ITERATIVE_SETTINGS if iterative else {}),
-        # pgvector refuses more than 1,000; past it the iterative scan fills the window.
-        "hnsw.ef_search": str(min(_EF_SEARCH_MAX, max(EF_SEARCH, window(k), ef_search))),
+        "hnsw.ef_search": str(min(cost.EF_SEARCH_MAX, max(cost.EF_SEARCH, window(k), ef_search))),
     }
+
+
+def _walk_settings(k: int, table_rows: int, values: dict[str, str], *, selective: bool) -> dict[str, str]:
+    """``ef_search`` (and the tuple budget) of the HNSW walk, by the table's size; the floor in ``values`` kept."""
+    floor = int(values.get("hnsw.ef_search", "0"))
+    walk = {"hnsw.ef_search": str(cost.ef_search(table_rows, k, floor=floor, selective=selective))}
+    if "hnsw.iterative_scan" in values:
+        walk["hnsw.max_scan_tuples"] = str(cost.MAX_SCAN_TUPLES)  # read here, so a test can tighten it
+    return walk
 
 
 def plan_dense(
@@ -232,6 +256,7 @@ def plan_dense(
     values: dict[str, str],
     exact: bool = True,
     known: int | None = None,
+    table_rows: int | None = None,
 ) -> Steps:
     """The statements of one filtered dense query, in order; yields each, receives its rows.
 
@@ -239,18 +264,51 @@ def plan_dense(
     caller's own), ``hnsw_query(window)`` the stock store's ``SELECT ... ORDER BY distance
     LIMIT window`` under those filters, ``values`` the settings (:func:`settings`).
     ``exact=False`` skips the selective path (a store with a ``customize_query_fn`` must keep
-    its own statement). ``known``: a recent estimate of the same filter (no ``EXPLAIN`` then).
+    its own statement). ``known``: a recent estimate (or count) of the same filter, ``table_rows``
+    a recent estimate of the whole table (no ``EXPLAIN`` for either then).
+
+    1. the table's size gives the line (:func:`cost.exact_rows`) and the planner's estimate of
+       the filter decides whether to try the exact path (at most :func:`cost.gate`; a blind
+       estimate on a small table too);
+    2. the exact path counts the admitted rows up to the line + 1: at most the line, its top k
+       is the answer, complete;
+    3. else the HNSW walk (``ef_search`` and window by the table's size, twice that for a caller
+       counted over the line); a walk shorter than ``k`` stopped on its budget: the admitted rows
+       are then ranked exactly up to :data:`cost.EXACT_ROWS_MAX` (the filter is evidently
+       selective), and only a complete exact read makes the answer complete.
     """
     yield _settings(values)
-    estimate = known if known is not None else _estimate((yield _Explain(select(table.id).where(where))))
+    if table_rows is None:
+        table_rows = _largest(_explained((yield _Explain(select(table.id)))))
+    limit = cost.exact_rows(table_rows)
+    blind = False
+    if known is not None:
+        estimate = known
+    else:
+        explained = _explained((yield _Explain(select(table.id).where(where))))
+        estimate, blind = _largest(explained), cost.blind(explained)
     admitted: int | None = None
-    if exact and estimate <= ESTIMATE_GATE:
-        rows = list((yield _exact(table, embedding, k, where)))
+    tried = estimate <= cost.gate(table_rows) or (blind and table_rows <= cost.BLIND_TABLE_ROWS)
+    if exact and tried:
+        rows = list((yield _exact(table, embedding, k, where, limit)))
         admitted = int(rows[0].admitted) if rows else 0
-        if admitted <= EXACT_ROWS:
-            return Plan(rows, "exact", estimate, admitted)
-        estimate = admitted  # more than the estimate said: the next query goes straight to HNSW
-    return Plan(list((yield _resorted(hnsw_query(window(k)), k))), "hnsw", estimate, admitted)
+        if admitted <= limit:
+            return Plan(rows, "exact", estimate, admitted, True, limit, table_rows, blind)
+    selective = admitted is not None or estimate == _OVER  # counted over the line: selective, yet too many
+    yield _settings(_walk_settings(k, table_rows, values, selective=selective))
+    size = window(k, table_rows, selective=selective)
+    rows = list((yield _resorted(hnsw_query(size), k)))
+    if len(rows) >= k:
+        return Plan(rows, "hnsw", estimate, admitted, True, limit, table_rows, blind)
+    # Shorter than k: the walk stopped on its budget, or the filter admits fewer than k rows.
+    bound = cost.EXACT_ROWS_MAX
+    if not exact or (admitted is not None and limit >= bound):
+        return Plan(rows, "hnsw", estimate, admitted, False, limit, table_rows, blind)
+    ranked = list((yield _exact(table, embedding, k, where, bound)))
+    counted = int(ranked[0].admitted) if ranked else 0
+    if counted <= bound:
+        return Plan(ranked, "exact", estimate, counted, True, bound, table_rows, blind)
+    return Plan(rows, "hnsw", estimate, admitted, False, limit, table_rows, blind)
 
 
 def _resorted(window_query: Any, k: int) -> Executable:
@@ -267,8 +325,10 @@ def _resorted(window_query: Any, k: int) -> Executable:
     return select(rows_read).order_by(rows_read.c.distance + 0).limit(k)
 
 
-def _exact(table: Any, embedding: Sequence[float], k: int, where: ColumnElement[bool]) -> Executable:
-    """The admitted rows (at most ``EXACT_ROWS + 1``), ranked exactly; each row says how many were admitted.
+def _exact(
+    table: Any, embedding: Sequence[float], k: int, where: ColumnElement[bool], limit: int = EXACT_ROWS
+) -> Executable:
+    """The admitted rows (at most ``limit + 1``), ranked exactly; each row says how many were admitted.
 
     The distance is computed in a ``MATERIALIZED`` CTE without ``ORDER BY``: the HNSW index
     cannot serve it, so the rows come through the filters' own indexes (the tenant's B-tree).
@@ -277,7 +337,7 @@ def _exact(table: Any, embedding: Sequence[float], k: int, where: ColumnElement[
     admitted = (
         select(table.id.label("id"), table.embedding.cosine_distance(embedding).label("distance"))
         .where(where)
-        .limit(EXACT_ROWS + 1)
+        .limit(limit + 1)
         .cte("admitted")
         .prefix_with("MATERIALIZED")
     )

@@ -26,7 +26,9 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.stores.base import KeyCensus
+from llama_jev.stores.completeness import report_complete
 from llama_jev.stores.postgres.plan import (
+    TABLE_KEY,
     Estimates,
     Plan,
     Steps,
@@ -221,10 +223,13 @@ class AclPGVectorStore(PGVectorStore):
         key = estimate_key(where)
         steps = plan_dense(
             self._table_class, embedding, limit, where, hnsw_query, values=values, exact=exact,
-            known=self._estimates.get(key),
+            known=self._estimates.get(key), table_rows=self._estimates.get(TABLE_KEY),
         )  # fmt: skip
         plan = yield from steps
-        self._estimates.put(key, plan.estimate)
+        self._estimates.put(key, plan.known)
+        self._estimates.put(TABLE_KEY, plan.table_rows)
+        # Whether a short answer holds every admitted row (an exact read) or a walk stopped on its budget.
+        report_complete(plan.complete)
         return plan
 
     def _planned(self, filters: Any, embedding: Any) -> bool:

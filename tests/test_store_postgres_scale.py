@@ -313,3 +313,16 @@ async def test_a_walk_that_cannot_be_ranked_exactly_says_it_is_incomplete(
     (warning,) = [m for m in caplog.messages if "fewer nodes than wanted" in m]
     assert "stopped before reading all" in warning
     assert "rare" not in warning  # counts, never an identity value
+
+
+def test_a_blind_filter_on_a_large_table_is_named_once(
+    table: Table, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_jev")
+    monkeypatch.setattr(cost, "BLIND_TABLE_ROWS", 1_000)  # the table counts as too large to read whole
+    store = AclPGVectorStore(**table.kwargs)
+    for q in range(2):
+        assert len(store.query(_query(table, q, GRANT_ACL, GRANTEE)).ids) == K
+    (warning,) = [m for m in caplog.messages if "use_jsonb=True" in m]
+    assert "data_scale_json" in warning
+    assert "grantee" not in warning

@@ -27,6 +27,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from llama_jev.acl.rules import MetadataAcl
 from llama_jev.stores.base import KeyCensus
 from llama_jev.stores.completeness import report_complete
+from llama_jev.stores.postgres import cost
 from llama_jev.stores.postgres.plan import (
     TABLE_KEY,
     Estimates,
@@ -80,12 +81,21 @@ class AclPGVectorStore(PGVectorStore):
     - The caller's own ``MetadataFilters`` are bound parameters too. The stock store pastes
       filter values into the SQL text: a tenant value ``x' OR 1=1 --`` returned every row, and
       ``--`` comments out whatever follows it.
-    - A filtered dense query is planned by the size of what its filters admit, as Qdrant's
-      query planner does (``llama_jev.stores.postgres.plan``): the planner's row estimate
-      first; a selective ACL (at most 3,000 rows) has its rows read through the indexes and
-      ranked exactly (the exact filtered top k); a broad one walks the HNSW index with pgvector
-      0.8's ``relaxed_order`` iterative scan, ``ef_search`` 100, and an exact re-sort. Other
-      paths (text search, MMR) set ``hnsw.iterative_scan = strict_order`` per transaction.
+    - A filtered dense query is planned by cost, as Qdrant's query planner does
+      (``llama_jev.stores.postgres.plan`` and ``.cost``): the table's size sets the line (3,000
+      admitted rows up to 100,000 rows, about 12,000 at 1,000,000, at most 20,000: the exact read
+      costs about 5 us a row); the planner's row estimate decides whether to try the exact path
+      (up to twice the line), which reads the admitted rows through the indexes, counts them and,
+      at most the line, ranks them exactly (the exact filtered top k: the count, not a statistic,
+      decides). A broader caller walks the HNSW index with pgvector 0.8's ``relaxed_order``
+      iterative scan, ``ef_search`` and a window growing with the table (80 and 20 up to
+      100,000 rows, 400 and 40 at 1,000,000) and an exact re-sort of the window. A walk that
+      comes back short stopped on its budget: the admitted rows are then ranked exactly, and the
+      store tells ``JevRetriever`` whether its answer is complete
+      (``llama_jev.stores.completeness``), so a shortfall is never silent. Grant lists over the
+      JSON column have no estimate (the planner says half the table): tried exactly on a table of
+      up to 20,000 rows; beyond, use ``use_jsonb=True`` with ``acl_indexes`` (GIN: true counts).
+      Other paths (text search, MMR) set ``hnsw.iterative_scan = strict_order`` per transaction.
     - ``acl_indexes=acl`` (a :class:`~llama_jev.acl.rules.MetadataAcl`): on setup, create the
       indexes that ACL's clause can use (:meth:`create_acl_indexes`): the tenant's B-tree
       makes a tenant's rows cheap to read and gives the planner its statistics. Without any
@@ -106,6 +116,7 @@ class AclPGVectorStore(PGVectorStore):
     _indexes_checked: bool = PrivateAttr(default=False)
     _iterative: bool = PrivateAttr(default=False)
     _estimates: Estimates = PrivateAttr(default_factory=Estimates)
+    _blind_warned: bool = PrivateAttr(default=False)
 
     def __init__(self, *args: Any, acl_indexes: MetadataAcl | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -221,16 +232,36 @@ class AclPGVectorStore(PGVectorStore):
         values = settings(limit, iterative=self._iterative, ef_search=floor)
         exact = self._customize_query_fn is None
         key = estimate_key(where)
+        known, table_rows = self._estimates.get(key), self._estimates.get(TABLE_KEY)
         steps = plan_dense(
             self._table_class, embedding, limit, where, hnsw_query, values=values, exact=exact,
-            known=self._estimates.get(key), table_rows=self._estimates.get(TABLE_KEY),
+            known=known, table_rows=table_rows,
         )  # fmt: skip
         plan = yield from steps
-        self._estimates.put(key, plan.known)
-        self._estimates.put(TABLE_KEY, plan.table_rows)
+        self._warn_blind(plan)
+        # Kept from when they were taken (not refreshed by use), so a table or a tenant that grows is
+        # measured again within ESTIMATE_SECONDS; a count taken this time replaces a remembered estimate.
+        if known is None or plan.admitted is not None:
+            self._estimates.put(key, plan.known)
+        if table_rows is None:
+            self._estimates.put(TABLE_KEY, plan.table_rows)
         # Whether a short answer holds every admitted row (an exact read) or a walk stopped on its budget.
         report_complete(plan.complete)
         return plan
+
+    def _warn_blind(self, plan: Plan) -> None:
+        """Warn once when a filter had no estimate on a table too large to read whole for it."""
+        if self._blind_warned or not plan.blind or plan.path == "exact" or plan.table_rows <= cost.BLIND_TABLE_ROWS:
+            return
+        self._blind_warned = True
+        logger.warning(
+            "AclPGVectorStore: on table %s (about %d rows) no index serves an ACL filter, so PostgreSQL cannot "
+            "estimate how many rows a caller may read (grant lists over the JSON metadata column: it guesses half "
+            "the table) and a selective caller walks the HNSW index instead of being ranked exactly. Store the "
+            "metadata as JSONB (use_jsonb=True) and build the store with acl_indexes=acl.",
+            self._table_class.__tablename__,
+            plan.table_rows,
+        )
 
     def _planned(self, filters: Any, embedding: Any) -> bool:
         return isinstance(filters, MetadataFilters) and bool(filters.filters) and embedding is not None

@@ -11,6 +11,7 @@ stdin, the first line: ``{"url", "async_url", "table", "dim", "jsonb", "k", "cal
 store's module exposes ``run_sync``; ``warnings``: llama_jev's WARNING records in the query).
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import os
@@ -43,33 +44,36 @@ def main() -> None:
     jev_logger.addHandler(counter)
     jev_logger.propagate = False
 
-    import llama_jev
     from llama_index.core import VectorStoreIndex
     from llama_index.core.schema import QueryBundle
 
-    from llama_jev import CandidateSelector, ExecutionOptions, JevRetriever, MetadataAcl, Mode, RuntimeContext
-    from llama_jev import ScriptedJudge
+    import llama_jev
+    from llama_jev import (
+        CandidateSelector,
+        ExecutionOptions,
+        JevRetriever,
+        MetadataAcl,
+        Mode,
+        RuntimeContext,
+        ScriptedJudge,
+    )
     from llama_jev.stores import AclPGVectorStore
     from llama_jev.testing import HashEmbedding
 
     paths: list[str] = []
     try:  # the store's module: record which path each planned query took (a recorder, the plan unchanged)
         from llama_jev.stores.postgres import store as store_module
-
-        for name in ("run_sync", "run_async"):
-            original = getattr(store_module, name, None)
-            if original is None:
-                continue
-            if name == "run_sync":
-
-                def recorded(steps: Any, connection: Any, _original: Any = original) -> Any:
-                    plan = _original(steps, connection)
-                    paths.append(str(getattr(plan, "path", "?")))
-                    return plan
-
-                store_module.run_sync = recorded
     except ImportError:
-        pass
+        store_module = None
+    original = getattr(store_module, "run_sync", None)
+    if original is not None:
+
+        def recorded(steps: Any, connection: Any) -> Any:
+            plan = original(steps, connection)
+            paths.append(str(getattr(plan, "path", "?")))
+            return plan
+
+        store_module.run_sync = recorded
 
     tenant_acl = MetadataAcl(tenant_key="tenant", users_key="users", roles_key="roles", public_key="public")
     grant_acl = MetadataAcl(users_key="users", roles_key="roles", public_key="public")
@@ -106,7 +110,8 @@ def main() -> None:
         answer = {"ids": [n.node.node_id for n in nodes], "seconds": seconds, "paths": list(paths),
                   "warnings": counter.count}  # fmt: skip
         print(json.dumps(answer), flush=True)
-    store._engine.dispose() if store._engine is not None else None
+    if store._engine is not None:
+        store._engine.dispose()
 
 
 if __name__ == "__main__":

@@ -85,9 +85,14 @@ _OPERATORS: dict[FilterOperator, str] = {
 }
 
 
+def _store_of(retriever: BaseRetriever) -> Any:
+    store = vector_store_of(retriever)
+    return store._store if isinstance(store, _Counted) else store  # a query's copy reads it through _Counted
+
+
 def is_milvus(retriever: BaseRetriever) -> bool:
     """Whether ``retriever`` reads LlamaIndex's ``MilvusVectorStore`` (or a subclass)."""
-    store = vector_store_of(retriever)
+    store = _store_of(retriever)
     return store is not None and any(
         cls.__name__ == "MilvusVectorStore" and cls.__module__.startswith("llama_index.vector_stores.milvus")
         for cls in type(store).__mro__
@@ -348,6 +353,13 @@ class MilvusPushdown(Pushdown):
             return str(error)
         return None
 
+    @classmethod
+    def in_thread(cls, retriever: BaseRetriever) -> tuple[bool, str | None]:
+        """For a store built with ``use_async_client=False`` (Milvus Lite, say): its ``aquery`` has no client."""
+        if is_milvus(retriever) and getattr(_store_of(retriever), "aclient", True) is None:
+            return True, None
+        return False, None
+
     def apply(self, upstream: BaseRetriever, restriction: Restriction, ctx: RuntimeContext) -> bool:
         """``restriction`` AND the caller's own filters as the query's ``string_expr``."""
         if isinstance(restriction, Unknown):
@@ -373,7 +385,7 @@ class MilvusPushdown(Pushdown):
         upstream._node_ids = None  # type: ignore[attr-defined]
         upstream._doc_ids = None  # type: ignore[attr-defined]
         upstream._kwargs = kwargs  # type: ignore[attr-defined]
-        upstream._vector_store = _Counted(vector_store_of(self.retriever), text)  # type: ignore[attr-defined]
+        upstream._vector_store = _Counted(_store_of(self.retriever), text)  # type: ignore[attr-defined]
         return True
 
 

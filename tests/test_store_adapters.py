@@ -156,6 +156,7 @@ BUILDERS: dict[str, Builder] = {
     "chroma": _chroma,
     "milvus": _milvus,
 }
+SERVERS = ("postgres", "milvus")  # adapters whose store here is a server the session starts
 BUILT_IN = [adapter for adapter in adapters() if adapter.__module__.startswith("llama_jev.stores.")]
 
 
@@ -165,7 +166,7 @@ def test_every_registered_adapter_of_the_package_has_a_store_here() -> None:
 
 @pytest.fixture(
     params=[
-        pytest.param(adapter, id=adapter.name, marks=[pytest.mark.slow] if adapter.name in ("postgres", "milvus") else [])
+        pytest.param(adapter, id=adapter.name, marks=[pytest.mark.slow] if adapter.name in SERVERS else [])
         for adapter in BUILT_IN
     ]
 )

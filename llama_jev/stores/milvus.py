@@ -57,7 +57,6 @@ from llama_jev.acl.conditions import (
     Everything,
     IdIn,
     In,
-    Intersects,
     ListContains,
     Not,
     Or,
@@ -74,6 +73,9 @@ __all__ = ["MilvusPushdown", "filters_expression", "is_milvus", "milvus_expressi
 
 # Milvus's int64 range: a larger int is not a value its expressions hold.
 _INT64 = 2**63
+
+# An expression no row satisfies, on both engines (Lite fails on `id in []` and on `!=` over the primary key).
+_NOTHING = '($meta["llama_jev_match_nothing"] == 1 and $meta["llama_jev_match_nothing"] != 1)'
 
 _OPERATORS: dict[FilterOperator, str] = {
     FilterOperator.EQ: "==",
@@ -108,6 +110,9 @@ def literal(value: Scalar) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
+        if any(ord(character) < 0x20 or character == "\x7f" for character in value):
+            # Milvus Lite 2.5 reads an escaped newline as a backslash and an n: not stated exactly.
+            raise CannotState("equals", "a string with a control character")
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, int):
         if not -_INT64 <= value < _INT64:
@@ -273,7 +278,8 @@ def _schema(store: Any) -> tuple[bool, frozenset[str]]:
     """Whether ``store`` is Milvus Lite, and its ``VARCHAR`` schema fields (the primary key excluded)."""
     client = store.client
     uri = str(getattr(getattr(client, "_config", None), "uri", ""))
-    lite = uri.endswith(".db")
+    # pymilvus starts Milvus Lite for a local path ending in .db and talks to it over a unix socket.
+    lite = uri.endswith(".db") or (uri.startswith("unix:") and ".db" in uri)
     described = client.describe_collection(store.collection_name)
     varchar = frozenset(
         field["name"]
@@ -377,7 +383,7 @@ class MilvusPushdown(Pushdown):
             return self.refuse(refused.operator, refused.why)
         expression = _group([stated, *([self._own] if self._own else [])], True)
         # True: no filter (an empty expression); False: one no row satisfies (Lite fails on an empty in-list).
-        text = "" if expression is True else 'id == "" and id != ""' if expression is False else str(expression)
+        text = "" if expression is True else _NOTHING if expression is False else str(expression)
         kwargs = dict(getattr(self.retriever, "_kwargs", None) or {})
         kwargs["string_expr"] = text
         # Everything is in string_expr now: the store ignores it beside filters, node ids or doc ids.

@@ -75,7 +75,7 @@ def _tail(path: Path) -> str:
 
 def _package() -> Any:
     try:
-        import milvus
+        import milvus  # type: ignore[import-untyped]
     except ImportError as error:
         raise RuntimeError(
             f'milvus_server needs PyPI milvus=={_VERSION} (the standalone server as a wheel): pip install -e ".[test]" '

@@ -68,7 +68,9 @@ def _healthy(url: str) -> bool:
 
 def _tail(path: Path) -> str:
     try:
-        return path.read_bytes()[-2000:].decode("utf-8", "replace").strip()
+        text = path.read_bytes().decode("utf-8", "replace")
+        panic = text.find("panic:")  # a Go panic says why first; its stack follows
+        return (text[panic : panic + 1500] if panic >= 0 else text[-2000:]).strip()
     except OSError:
         return ""
 
@@ -96,6 +98,24 @@ def _binaries(milvus: Any) -> Path:
     return cache / "bin"
 
 
+def _own_etcd(folder: Path, client_port: int) -> None:
+    """Give the embedded etcd its own ports: without a config file it takes 2379 and 2380 whatever is set.
+
+    (Measured: a second 2.3.5 server beside a first crashed in the etcd client, nil.)
+    """
+    peer = f"http://127.0.0.1:{_free_port()}"
+    client = f"http://127.0.0.1:{client_port}"
+    etcd = folder / "configs" / "embedEtcd.yaml"
+    etcd.write_text(
+        f"listen-client-urls: {client}\nadvertise-client-urls: {client}\nlisten-peer-urls: {peer}\n"
+        f"initial-advertise-peer-urls: {peer}\ninitial-cluster: default={peer}\n"
+        f"data-dir: {folder / 'data' / 'etcd.data'}\n"
+    )
+    config = folder / "configs" / "milvus.yaml"
+    text = config.read_text()
+    config.write_text(text.replace("\netcd:\n", f"\netcd:\n  config:\n    path: {etcd}\n", 1))
+
+
 @contextlib.contextmanager
 def milvus_server(*, timeout: float = 180.0) -> Iterator[MilvusServer]:
     """Start the ``milvus`` 2.3.5 standalone server on free ports; stop it when the block ends.
@@ -111,6 +131,7 @@ def milvus_server(*, timeout: float = 180.0) -> Iterator[MilvusServer]:
     ports = {f"{key}": _free_port() for key in milvus.MilvusServerConfig().configurable_items if key.endswith("_port")}
     config = milvus.MilvusServerConfig(data_dir=str(folder), **ports)
     config.resolve()  # writes configs/milvus.yaml with these ports and folders
+    _own_etcd(folder, ports["etcd_port"])
     health_port = _free_port()
     environment = {
         **os.environ,

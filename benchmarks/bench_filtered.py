@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import _milvus_bench  # benchmarks/ is on the path when this file is run
 import numpy as np
 import sqlalchemy
 from llama_index.core import StorageContext, VectorStoreIndex
@@ -64,7 +65,7 @@ CENTRES = 64
 K = 10
 SHARES = (0.5, 0.05, 0.005, 0.0005)
 ACL = MetadataAcl(tenant_key="tenant", users_key="users", roles_key="roles", public_key="public")
-STORES = ("memory", "qdrant", "postgres", "chroma")
+STORES = ("memory", "qdrant", "postgres", "chroma", "milvus-lite", "milvus")
 
 
 def tenant_of(share: float) -> str:
@@ -247,6 +248,9 @@ BUILDERS: dict[str, Callable[[Data, argparse.Namespace], Iterator[BaseIndex[Any]
     "qdrant": qdrant_index,
     "postgres": postgres_index,
     "chroma": chroma_index,
+    # Milvus Lite (FLAT) and the 2.3.5 server (HNSW): benchmarks/_milvus_bench.py.
+    "milvus-lite": lambda data, args: _milvus_bench.milvus_lite_index(data, args, dimensions=DIMENSIONS, embed=EMBED),
+    "milvus": lambda data, args: _milvus_bench.milvus_server_index(data, args, dimensions=DIMENSIONS, embed=EMBED),
 }
 
 

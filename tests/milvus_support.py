@@ -10,7 +10,6 @@ import importlib.util
 import os
 import random
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,8 +40,8 @@ def uri_for(engine: str, request: pytest.FixtureRequest) -> str:
     """Where ``engine`` is: a fresh .db file for Lite, the session's server for the server."""
     require_milvus(engine)
     if engine == "lite":
-        folder: Path = request.getfixturevalue("tmp_path")
-        return str(folder / f"milvus-{random.randrange(10**9)}.db")
+        factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")  # any fixture scope
+        return str(factory.mktemp("milvus-lite") / f"milvus-{random.randrange(10**9)}.db")
     server = request.getfixturevalue("milvus_server")
     return str(server.uri)
 

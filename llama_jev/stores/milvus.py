@@ -304,14 +304,25 @@ class _Counted:
         return getattr(self._store, name)
 
     def query(self, query: Any, **kwargs: Any) -> Any:
-        result = self._store.query(query, **kwargs)
+        result = self._store.query(query, **self._searched(kwargs, query.similarity_top_k))
         self._report(len(result.ids or []), query.similarity_top_k)
         return result
 
     async def aquery(self, query: Any, **kwargs: Any) -> Any:
-        result = await self._store.aquery(query, **kwargs)
+        result = await self._store.aquery(query, **self._searched(kwargs, query.similarity_top_k))
         self._report(len(result.ids or []), query.similarity_top_k)
         return result
+
+    def _searched(self, kwargs: dict[str, Any], limit: int) -> dict[str, Any]:
+        """``kwargs`` with an HNSW ``ef`` of at least ``limit`` (Milvus refuses ``ef < limit``; widening grows it)."""
+        config = kwargs.get("milvus_search_config", getattr(self._store, "search_config", None)) or {}
+        nested = isinstance(config.get("params"), dict)
+        params = config["params"] if nested else config
+        ef = params.get("ef")
+        if not isinstance(ef, int) or ef >= limit:
+            return kwargs
+        raised = {**params, "ef": limit}
+        return {**kwargs, "milvus_search_config": {**config, "params": raised} if nested else raised}
 
     def _report(self, returned: int, asked: int) -> None:
         if returned >= asked:

@@ -1,0 +1,72 @@
+"""Milvus stores for benchmarks/bench_filtered.py: Milvus Lite (in-process) and the 2.3.5 standalone server.
+
+Kept apart from bench_filtered.py so that file stays the measurement; each builder yields a
+``VectorStoreIndex`` over LlamaIndex's ``MilvusVectorStore`` with the rows written through the
+store's own ``add`` (the metadata in the dynamic field, as users' collections hold it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from llama_index.core import VectorStoreIndex
+from llama_index.core.indices.base import BaseIndex
+
+from llama_jev.testing import HashEmbedding
+
+# HNSW on the server (ef is raised to the window when widening asks for more; the adapter does it);
+# Lite 2.5 has FLAT and IVF_FLAT only: FLAT, exact.
+SERVER_INDEX = {"index_type": "HNSW", "M": 16, "efConstruction": 128}
+SERVER_SEARCH = {"ef": 128}
+
+
+def _store(uri: str, dimensions: int, *, server: bool) -> Any:
+    from llama_index.vector_stores.milvus import MilvusVectorStore
+
+    return MilvusVectorStore(
+        uri=uri,
+        dim=dimensions,
+        collection_name="filtered",
+        overwrite=True,
+        similarity_metric="IP",  # the vectors are unit length: inner product is cosine
+        index_config=SERVER_INDEX if server else {"index_type": "FLAT"},
+        search_config=SERVER_SEARCH if server else {},
+        batch_size=2000,
+        use_async_client=server,
+    )
+
+
+def _filled(store: Any, data: Any, embed: HashEmbedding) -> VectorStoreIndex:
+    nodes = data.nodes()
+    for start in range(0, len(nodes), 10_000):
+        store.add(nodes[start : start + 10_000])
+    store.client.flush(store.collection_name)  # sealed segments, indexed: what a long-lived collection is
+    return VectorStoreIndex.from_vector_store(store, embed_model=embed)
+
+
+def milvus_lite_index(
+    data: Any, args: argparse.Namespace, *, dimensions: int, embed: HashEmbedding
+) -> Iterator[BaseIndex[Any]]:
+    with tempfile.TemporaryDirectory(prefix="bench-milvus-lite-") as folder:
+        store = _store(f"{folder}/filtered.db", dimensions, server=False)
+        try:
+            yield _filled(store, data, embed)
+        finally:
+            store.client.close()
+
+
+def milvus_server_index(
+    data: Any, args: argparse.Namespace, *, dimensions: int, embed: HashEmbedding
+) -> Iterator[BaseIndex[Any]]:
+    from llama_jev.testing import milvus_server
+
+    with milvus_server() as server:
+        print(f"milvus: the 2.3.5 server started in {server.started_in:.1f} s", flush=True)
+        store = _store(server.uri, dimensions, server=True)
+        try:
+            yield _filled(store, data, embed)
+        finally:
+            store.client.close()

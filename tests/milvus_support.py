@@ -57,8 +57,7 @@ def milvus_store(uri: str, *, dim: int, name: str | None = None, **kwargs: Any) 
         dim=dim,
         collection_name=name or f"c{random.randrange(10**9)}",
         overwrite=True,
-        use_async_client=uri.startswith("http"),  # Lite's async client cannot share the .db file
-        **kwargs,
+        **{"use_async_client": uri.startswith("http"), **kwargs},  # Lite's async client cannot share the .db file
     )
 
 

@@ -177,7 +177,7 @@ def index(request: pytest.FixtureRequest) -> Iterator[VectorStoreIndex]:
         from .milvus_support import closing, milvus_index, uri_for
 
         engine = "lite" if name == "milvus-lite" else "server"
-        yield from closing(milvus_index(uri_for(engine, request), NODES, dim=DIMENSIONS))
+        yield from closing(milvus_index(uri_for(engine, request), NODES, dim=DIMENSIONS, use_async_client=False))
     else:
         pytest.importorskip("llama_index.vector_stores.chroma")
         import chromadb

@@ -178,7 +178,7 @@ def _milvus(engine: str) -> Callable[[pytest.FixtureRequest], Iterator[VectorSto
     def build(request: pytest.FixtureRequest) -> Iterator[VectorStoreIndex]:
         from .milvus_support import closing, milvus_index, uri_for
 
-        yield from closing(milvus_index(uri_for(engine, request), NODES, dim=8))
+        yield from closing(milvus_index(uri_for(engine, request), NODES, dim=8, use_async_client=False))
 
     return build
 

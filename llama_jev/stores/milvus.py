@@ -36,7 +36,9 @@ operator refuses pushdown there (one warning; the final check decides).
 A filtered HNSW search may return fewer than its limit while more rows match (the engine's
 "fewer than topk" class), so a short answer is never read as exhausted on its own: the store is
 asked for the filter's ``count(*)`` and the answer is complete only when it holds every match
-(:func:`~llama_jev.stores.completeness.report_complete`); otherwise widening asks again.
+(:func:`~llama_jev.stores.completeness.report_complete`). When it does not and at most 4,096 rows
+match, they are read and ranked exactly (the filtered HNSW of the 2.3.5 server returned 0 of 5
+for a caller reading 5 of 10,000 rows at every window); more than that, widening asks again.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ from llama_jev.stores import completeness
 from llama_jev.stores.base import CannotState, Pushdown, Seen, checked_condition, condition_of, vector_store_of
 
 __all__ = ["MilvusPushdown", "filters_expression", "is_milvus", "milvus_expression"]
+
+# At most this many matching rows are read and ranked exactly when a filtered search came back short.
+_EXACT_ROWS = 4096
 
 # Milvus's int64 range: a larger int is not a value its expressions hold.
 _INT64 = 2**63
@@ -290,10 +295,13 @@ def _schema(store: Any) -> tuple[bool, frozenset[str]]:
 
 
 class _Counted:
-    """``MilvusVectorStore`` as the retriever reads it, saying whether a short answer holds every match.
+    """``MilvusVectorStore`` as the retriever reads it, never leaving a short answer unexplained.
 
-    A short answer is followed by one ``count(*)`` under the same expression; complete when the
-    answer holds that many rows. Everything else is the store's own.
+    A short answer is followed by one ``count(*)`` under the same expression: complete when it
+    holds that many rows. When it does not (a filtered HNSW search stopped short: on the 2.3.5
+    server a caller reading 5 of 10,000 rows got 0 of 5 at every window) and at most
+    :data:`_EXACT_ROWS` rows match, they are read and ranked exactly here, as PostgreSQL's small-set
+    path does; more than that, widening asks again. Everything else is the store's own.
     """
 
     def __init__(self, store: Any, expression: str) -> None:
@@ -305,13 +313,11 @@ class _Counted:
 
     def query(self, query: Any, **kwargs: Any) -> Any:
         result = self._store.query(query, **self._searched(kwargs, query.similarity_top_k))
-        self._report(len(result.ids or []), query.similarity_top_k)
-        return result
+        return self._checked(result, query)
 
     async def aquery(self, query: Any, **kwargs: Any) -> Any:
         result = await self._store.aquery(query, **self._searched(kwargs, query.similarity_top_k))
-        self._report(len(result.ids or []), query.similarity_top_k)
-        return result
+        return self._checked(result, query)
 
     def _searched(self, kwargs: dict[str, Any], limit: int) -> dict[str, Any]:
         """``kwargs`` with an HNSW ``ef`` of at least ``limit`` (Milvus refuses ``ef < limit``; widening grows it)."""
@@ -324,13 +330,47 @@ class _Counted:
         raised = {**params, "ef": limit}
         return {**kwargs, "milvus_search_config": {**config, "params": raised} if nested else raised}
 
-    def _report(self, returned: int, asked: int) -> None:
+    def _checked(self, result: Any, query: Any) -> Any:
+        asked = query.similarity_top_k
+        returned = len(result.ids or [])
         if returned >= asked:
-            return
-        rows = self._store.client.query(
-            self._store.collection_name, filter=self._expression, output_fields=["count(*)"]
-        )
-        completeness.report_complete(returned >= int(rows[0]["count(*)"]))
+            return result
+        store = self._store
+        rows = store.client.query(store.collection_name, filter=self._expression, output_fields=["count(*)"])
+        matching = int(rows[0]["count(*)"])
+        if returned >= matching:
+            completeness.report_complete(True)
+            return result
+        if matching > _EXACT_ROWS or query.query_embedding is None or query.mode.value != "default":
+            completeness.report_complete(False)
+            return result
+        completeness.report_complete(True)  # every matching row ranked below
+        return self._exact(query, matching)
+
+    def _exact(self, query: Any, matching: int) -> Any:
+        from llama_index.core.vector_stores.types import VectorStoreQueryResult
+
+        store = self._store
+        rows = store.client.query(store.collection_name, filter=self._expression, output_fields=["*"], limit=matching)
+        asked = [float(value) for value in query.query_embedding]
+        metric = str(getattr(store, "similarity_metric", "IP")).upper()
+        hits = []
+        for row in rows:
+            vector = [float(value) for value in row.get(store.embedding_field) or ()]
+            if len(vector) != len(asked):
+                continue
+            dot = sum(a * b for a, b in zip(asked, vector, strict=True))
+            if metric == "L2":
+                distance = sum((a - b) ** 2 for a, b in zip(asked, vector, strict=True))
+            elif metric == "COSINE":
+                norms = math.sqrt(sum(a * a for a in asked)) * math.sqrt(sum(b * b for b in vector))
+                distance = dot / norms if norms else 0.0
+            else:
+                distance = dot
+            hits.append({"id": row["id"], "distance": distance, "entity": row})
+        hits.sort(key=lambda hit: hit["distance"], reverse=metric != "L2")
+        nodes, similarities, ids = store._parse_from_milvus_results([hits[: query.similarity_top_k]])
+        return VectorStoreQueryResult(nodes=nodes, similarities=similarities, ids=ids)
 
 
 class MilvusPushdown(Pushdown):

@@ -280,6 +280,15 @@ def _name(value: Any) -> str:
     return repr(getattr(value, "value", value))
 
 
+def _flat(store: Any) -> bool:
+    """Whether the store's dense field has a FLAT index (exact search); ``False`` when it cannot be told."""
+    try:
+        described = store.client.describe_index(store.collection_name, index_name=store.embedding_field)
+    except Exception:
+        return False
+    return str((described or {}).get("index_type", "")).upper() == "FLAT"
+
+
 def _schema(store: Any) -> tuple[bool, frozenset[str]]:
     """Whether ``store`` is Milvus Lite, and its ``VARCHAR`` schema fields (the primary key excluded)."""
     client = store.client
@@ -306,14 +315,18 @@ class _Counted:
     asks again. Everything else is the store's own.
     """
 
-    def __init__(self, store: Any, expression: str) -> None:
+    def __init__(self, store: Any, expression: str, *, exact_index: bool = False) -> None:
         self._store = store
         self._expression = expression
+        self._exact_index = exact_index
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
     def query(self, query: Any, **kwargs: Any) -> Any:
+        if self._exact_index:  # a FLAT index ranks every match: its answer is exact, short or not
+            completeness.report_complete(True)
+            return self._store.query(query, **kwargs)
         matching = self._count() if self._expression else None
         if self._exact_fits(query, matching):
             return self._exact(query, matching)  # type: ignore[arg-type]
@@ -321,6 +334,9 @@ class _Counted:
         return self._checked(result, query, matching)
 
     async def aquery(self, query: Any, **kwargs: Any) -> Any:
+        if self._exact_index:
+            completeness.report_complete(True)
+            return await self._store.aquery(query, **kwargs)
         matching = self._count() if self._expression else None
         if self._exact_fits(query, matching):
             return self._exact(query, matching)  # type: ignore[arg-type]
@@ -398,6 +414,7 @@ class MilvusPushdown(Pushdown):
         super().__init__(retriever, acl, seen)
         store = vector_store_of(retriever)
         self._lite, self._varchar = _schema(store)
+        self._exact_index = _flat(store)
         self._own = _own_expression(retriever, self._varchar)  # fails now, not on the first query
 
     @classmethod
@@ -457,7 +474,7 @@ class MilvusPushdown(Pushdown):
         upstream._node_ids = None  # type: ignore[attr-defined]
         upstream._doc_ids = None  # type: ignore[attr-defined]
         upstream._kwargs = kwargs  # type: ignore[attr-defined]
-        upstream._vector_store = _Counted(_store_of(self.retriever), text)  # type: ignore[attr-defined]
+        upstream._vector_store = _Counted(_store_of(self.retriever), text, exact_index=self._exact_index)  # type: ignore[attr-defined]
         return True
 
 

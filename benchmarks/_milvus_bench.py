@@ -42,11 +42,30 @@ def _store(uri: str, dimensions: int, *, server: bool) -> Any:
     )
 
 
+def settled(client: Any, collection: str, field: str, timeout: float = 600.0) -> None:
+    """Flush, wait for the index over every row, then reload: what a long-lived collection is.
+
+    Measured on the 2.3.5 server: right after a flush, a filtered count(*) saw 0 of 100,000 rows
+    until the sealed segments were indexed and loaded (the "2.3 of 10 until reloaded" of issue 41).
+    """
+    client.flush(collection)
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        described = client.describe_index(collection, index_name=field)
+        if int(described.get("pending_index_rows", 0)) == 0 and int(described.get("indexed_rows", 0)) >= int(
+            described.get("total_rows", 0)
+        ):
+            break
+        time.sleep(1)
+    client.release_collection(collection)
+    client.load_collection(collection)
+
+
 def _filled(store: Any, data: Any, embed: HashEmbedding) -> VectorStoreIndex:
     nodes = data.nodes()
     for start in range(0, len(nodes), 10_000):
         store.add(nodes[start : start + 10_000])
-    store.client.flush(store.collection_name)  # sealed segments, indexed: what a long-lived collection is
+    settled(store.client, store.collection_name, store.embedding_field)
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
     _unfiltered(index, data)
     return index

@@ -376,6 +376,8 @@ class _Counted:
         from llama_index.core.vector_stores.types import VectorStoreQueryResult
 
         store = self._store
+        if matching == 0:
+            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
         rows = store.client.query(store.collection_name, filter=self._expression, output_fields=["*"], limit=matching)
         completeness.report_complete(True)  # every matching row is ranked
         vectors = [row.get(store.embedding_field) for row in rows]

@@ -171,3 +171,31 @@ async def test_a_selective_caller_over_an_approximate_index_gets_the_exact_top_k
         permitted = [node for node in nodes if node.metadata["tenant"] == "acme"]
         distance = {node.node_id: sum((a - 0.5) ** 2 for a in node.embedding or []) for node in permitted}
         assert [hit.node.node_id for hit in got] == sorted(distance, key=distance.__getitem__)[:10]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_tenant_declared_as_a_varchar_schema_field_is_read_as_that_field(
+    engine: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a partition key must be: a schema field, not a key of the dynamic field."""
+    from pymilvus import DataType
+
+    nodes = [
+        TextNode(
+            id_=f"n{i}", text="t", embedding=[1.0, i / 10], metadata={"tenant": ["acme", "o'brien\\"][i % 2], "n": i}
+        )
+        for i in range(10)
+    ]
+    options = {"scalar_field_names": ["tenant", "n"], "scalar_field_types": [DataType.VARCHAR, DataType.INT64]}
+    for index in closing(milvus_index(uri_for(engine, request), nodes, dim=2, **options)):
+        retriever = index.as_retriever(similarity_top_k=10)
+        pushdown = MilvusPushdown(retriever, MetadataAcl(tenant_key="tenant"), set())
+        for tenant in ("acme", "o'brien\\"):
+            upstream = copy.copy(retriever)
+            assert pushdown.apply(upstream, Conditional(Equals("tenant", tenant)), RuntimeContext(user_id="u"))
+            assert upstream._kwargs["string_expr"].startswith("tenant == ")  # type: ignore[attr-defined]
+            got = {hit.node.node_id for hit in upstream.retrieve(QueryBundle("q", embedding=[1.0, 0.0]))}
+            assert got == {node.node_id for node in nodes if node.metadata["tenant"] == tenant}
+        # An INT64 schema field is not in $meta: refused, never read as "missing" (which would drop every node).
+        upstream = copy.copy(retriever)
+        assert not pushdown.apply(upstream, Conditional(Equals("n", 3)), RuntimeContext(user_id="u"))

@@ -132,12 +132,18 @@ def literal(value: Scalar) -> str:
 class _Dialect:
     """How one collection's keys are read: its ``VARCHAR`` schema fields by name, the rest in ``$meta``."""
 
-    def __init__(self, *, lite: bool, varchar: frozenset[str], id_field: str = "id") -> None:
+    def __init__(
+        self, *, lite: bool, varchar: frozenset[str], other: frozenset[str] = frozenset(), id_field: str = "id"
+    ) -> None:
         self.lite = lite
         self.varchar = varchar
+        self.other = other
         self.id_field = id_field
 
     def field(self, key: str) -> str:
+        if key in self.other:
+            # Not in $meta (it would compare false for every row) and not a string field: never guessed.
+            raise CannotState("field", "a key that is a schema field of the collection other than VARCHAR")
         return key if key in self.varchar else f"$meta[{literal(key)}]"
 
     def stated(self, condition: Condition, *, negated: bool = False) -> str | bool:
@@ -213,6 +219,7 @@ def filters_expression(
     filters: MetadataFilters | None,
     *,
     varchar: Iterable[str] = (),
+    other: Iterable[str] = (),
     node_ids: Sequence[str] | None = None,
     doc_ids: Sequence[str] | None = None,
     doc_id_field: str = "doc_id",
@@ -224,7 +231,7 @@ def filters_expression(
             exactly (anything but ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``, ``nin`` over
             scalars, joined by AND / OR).
     """
-    dialect = _Dialect(lite=False, varchar=frozenset(varchar))
+    dialect = _Dialect(lite=False, varchar=frozenset(varchar), other=frozenset(other))
     parts: list[str] = []
     if filters is not None:
         stated = _filters(dialect, filters)
@@ -289,19 +296,17 @@ def _flat(store: Any) -> bool:
     return str((described or {}).get("index_type", "")).upper() == "FLAT"
 
 
-def _schema(store: Any) -> tuple[bool, frozenset[str]]:
-    """Whether ``store`` is Milvus Lite, and its ``VARCHAR`` schema fields (the primary key excluded)."""
+def _schema(store: Any) -> tuple[bool, frozenset[str], frozenset[str]]:
+    """Whether ``store`` is Milvus Lite, its ``VARCHAR`` schema fields and its other ones (the primary key excluded)."""
     client = store.client
     uri = str(getattr(getattr(client, "_config", None), "uri", ""))
     # pymilvus starts Milvus Lite for a local path ending in .db and talks to it over a unix socket.
     lite = uri.endswith(".db") or (uri.startswith("unix:") and ".db" in uri)
     described = client.describe_collection(store.collection_name)
-    varchar = frozenset(
-        field["name"]
-        for field in described.get("fields", [])
-        if str(field.get("type")).endswith("VARCHAR") and not field.get("is_primary")
-    )
-    return lite, varchar
+    fields = [field for field in described.get("fields", []) if not field.get("is_primary")]
+    # pymilvus gives a DataType enum (str() of it is "21"): compared by name.
+    varchar = frozenset(field["name"] for field in fields if getattr(field.get("type"), "name", None) == "VARCHAR")
+    return lite, varchar, frozenset(field["name"] for field in fields) - varchar
 
 
 class _Counted:
@@ -415,9 +420,9 @@ class MilvusPushdown(Pushdown):
     def __init__(self, retriever: BaseRetriever, acl: BatchAcl, seen: Seen) -> None:
         super().__init__(retriever, acl, seen)
         store = vector_store_of(retriever)
-        self._lite, self._varchar = _schema(store)
+        self._lite, self._varchar, self._other = _schema(store)
         self._exact_index = _flat(store)
-        self._own = _own_expression(retriever, self._varchar)  # fails now, not on the first query
+        self._own = _own_expression(retriever, self._varchar, self._other)  # fails now, not on the first query
 
     @classmethod
     def recognises(cls, retriever: BaseRetriever) -> bool:
@@ -462,7 +467,7 @@ class MilvusPushdown(Pushdown):
                 if condition is None and isinstance(restriction, Everything)
                 else False
                 if condition is None
-                else _Dialect(lite=self._lite, varchar=self._varchar).stated(condition)
+                else _Dialect(lite=self._lite, varchar=self._varchar, other=self._other).stated(condition)
             )
         except CannotState as refused:
             return self.refuse(refused.operator, refused.why)
@@ -480,12 +485,13 @@ class MilvusPushdown(Pushdown):
         return True
 
 
-def _own_expression(retriever: BaseRetriever, varchar: Iterable[str]) -> str | None:
+def _own_expression(retriever: BaseRetriever, varchar: Iterable[str], other: Iterable[str] = ()) -> str | None:
     """The caller's own restriction: its ``filters``, ``node_ids``, ``doc_ids`` and ``string_expr``."""
     store = vector_store_of(retriever)
     own = filters_expression(
         getattr(retriever, "_filters", None),
         varchar=varchar,
+        other=other,
         node_ids=getattr(retriever, "_node_ids", None),
         doc_ids=getattr(retriever, "_doc_ids", None),
         doc_id_field=str(getattr(store, "doc_id_field", "doc_id")),

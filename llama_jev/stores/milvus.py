@@ -34,11 +34,12 @@ not               pushed inward: ``!=``; ``not (..)`` else    exact             
 operator refuses pushdown there (one warning; the final check decides).
 
 A filtered HNSW search may return fewer than its limit while more rows match (the engine's
-"fewer than topk" class), so a short answer is never read as exhausted on its own: the store is
-asked for the filter's ``count(*)`` and the answer is complete only when it holds every match
-(:func:`~llama_jev.stores.completeness.report_complete`). When it does not and at most 4,096 rows
-match, they are read and ranked exactly (the filtered HNSW of the 2.3.5 server returned 0 of 5
-for a caller reading 5 of 10,000 rows at every window); more than that, widening asks again.
+"fewer than topk" class), so over an approximate index the store is first asked the filter's
+``count(*)``: at most 2,048 matching rows are read and ranked exactly
+(:mod:`llama_jev.stores.milvus_answer`; the 2.3.5 server's filtered HNSW returned 0 of 5 for a
+caller reading 5 of 10,000 rows, at every window); more, a short answer is complete only when it
+holds every match (:func:`~llama_jev.stores.completeness.report_complete`), else widening asks
+again. A FLAT index (Milvus Lite's) is exact: its answer is complete as it is.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
@@ -69,13 +69,18 @@ from llama_jev.acl.conditions import (
 )
 from llama_jev.core.errors import UntranslatableFilterError
 from llama_jev.core.identity import RuntimeContext
-from llama_jev.stores import completeness
-from llama_jev.stores.base import CannotState, Pushdown, Seen, checked_condition, condition_of, vector_store_of
+from llama_jev.stores.base import (
+    CannotState,
+    Pushdown,
+    Seen,
+    checked_condition,
+    checked_scalar,
+    condition_of,
+    vector_store_of,
+)
+from llama_jev.stores.milvus_answer import CountedStore
 
 __all__ = ["MilvusPushdown", "filters_expression", "is_milvus", "milvus_expression"]
-
-# At most this many matching rows are read and ranked exactly when a filtered search came back short.
-_EXACT_ROWS = 2048
 
 # Milvus's int64 range: a larger int is not a value its expressions hold.
 _INT64 = 2**63
@@ -95,7 +100,7 @@ _OPERATORS: dict[FilterOperator, str] = {
 
 def _store_of(retriever: BaseRetriever) -> Any:
     store = vector_store_of(retriever)
-    return store._store if isinstance(store, _Counted) else store  # a query's copy reads it through _Counted
+    return store._store if isinstance(store, CountedStore) else store  # a query's copy reads it through CountedStore
 
 
 def is_milvus(retriever: BaseRetriever) -> bool:
@@ -261,7 +266,7 @@ def _filter(dialect: _Dialect, item: MetadataFilter) -> str:
     where = f"the filter on key {item.key!r} with operator {_name(item.operator)}"
     try:
         if item.operator in (FilterOperator.IN, FilterOperator.NIN) and isinstance(item.value, list):
-            values = [literal(checked(value)) for value in item.value]
+            values = [literal(checked_scalar("filter", value)) for value in item.value]
             if not values:
                 raise UntranslatableFilterError(f"{where} and an empty list")
             negated = item.operator is FilterOperator.NIN
@@ -272,15 +277,9 @@ def _filter(dialect: _Dialect, item: MetadataFilter) -> str:
         operator = _OPERATORS.get(item.operator)
         if operator is None or isinstance(item.value, list):
             raise UntranslatableFilterError(where)
-        return f"{dialect.field(item.key)} {operator} {literal(checked(item.value))}"
+        return f"{dialect.field(item.key)} {operator} {literal(checked_scalar('filter', item.value))}"
     except CannotState as refused:
         raise UntranslatableFilterError(f"{where} ({refused.why})") from refused
-
-
-def checked(value: object) -> Scalar:
-    if not isinstance(value, (str, int, float, bool)):
-        raise CannotState("filter", f"a value of type {type(value).__name__}")
-    return value
 
 
 def _name(value: Any) -> str:
@@ -307,108 +306,6 @@ def _schema(store: Any) -> tuple[bool, frozenset[str], frozenset[str]]:
     # pymilvus gives a DataType enum (str() of it is "21"): compared by name.
     varchar = frozenset(field["name"] for field in fields if getattr(field.get("type"), "name", None) == "VARCHAR")
     return lite, varchar, frozenset(field["name"] for field in fields) - varchar
-
-
-class _Counted:
-    """``MilvusVectorStore`` as the retriever reads it: few matching rows ranked exactly, a short answer explained.
-
-    A filtered query first asks the expression's ``count(*)`` (one round trip): when at most
-    :data:`_EXACT_ROWS` rows match, they are read and ranked exactly here, as PostgreSQL's
-    small-set path does (the 2.3.5 server's filtered HNSW returned 0 of 5 for a caller reading 5
-    of 10,000 rows, at every window, and recall 0.90 at 50 of 10,000). Otherwise the store's own
-    search runs, and a short answer is complete only when it holds every match; else widening
-    asks again. Everything else is the store's own.
-    """
-
-    def __init__(self, store: Any, expression: str, *, exact_index: bool = False) -> None:
-        self._store = store
-        self._expression = expression
-        self._exact_index = exact_index
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    def query(self, query: Any, **kwargs: Any) -> Any:
-        if self._exact_index:  # a FLAT index ranks every match: its answer is exact, short or not
-            completeness.report_complete(True)
-            return self._store.query(query, **kwargs)
-        matching = self._count() if self._expression else None
-        if self._exact_fits(query, matching):
-            return self._exact(query, matching)  # type: ignore[arg-type]
-        result = self._store.query(query, **self._searched(kwargs, query.similarity_top_k))
-        return self._checked(result, query, matching)
-
-    async def aquery(self, query: Any, **kwargs: Any) -> Any:
-        if self._exact_index:
-            completeness.report_complete(True)
-            return await self._store.aquery(query, **kwargs)
-        matching = self._count() if self._expression else None
-        if self._exact_fits(query, matching):
-            return self._exact(query, matching)  # type: ignore[arg-type]
-        result = await self._store.aquery(query, **self._searched(kwargs, query.similarity_top_k))
-        return self._checked(result, query, matching)
-
-    def _count(self) -> int:
-        store = self._store
-        rows = store.client.query(store.collection_name, filter=self._expression, output_fields=["count(*)"])
-        return int(rows[0]["count(*)"])
-
-    @staticmethod
-    def _exact_fits(query: Any, matching: int | None) -> bool:
-        """Few enough rows match to rank them all here (a dense query of the default mode)."""
-        dense = query.query_embedding is not None and getattr(query.mode, "value", query.mode) == "default"
-        return matching is not None and matching <= _EXACT_ROWS and dense
-
-    def _searched(self, kwargs: dict[str, Any], limit: int) -> dict[str, Any]:
-        """``kwargs`` with an HNSW ``ef`` of at least ``limit`` (Milvus refuses ``ef < limit``; widening grows it)."""
-        config = kwargs.get("milvus_search_config", getattr(self._store, "search_config", None)) or {}
-        nested = isinstance(config.get("params"), dict)
-        params = config["params"] if nested else config
-        ef = params.get("ef")
-        if not isinstance(ef, int) or ef >= limit:
-            return kwargs
-        raised = {**params, "ef": limit}
-        return {**kwargs, "milvus_search_config": {**config, "params": raised} if nested else raised}
-
-    def _checked(self, result: Any, query: Any, matching: int | None) -> Any:
-        returned = len(result.ids or [])
-        if returned < query.similarity_top_k:
-            # Short: complete only when it holds every match (HNSW under a filter may stop short).
-            completeness.report_complete(returned >= (self._count() if matching is None else matching))
-        return result
-
-    def _exact(self, query: Any, matching: int) -> Any:
-        from llama_index.core.vector_stores.types import VectorStoreQueryResult
-
-        store = self._store
-        if matching == 0:
-            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
-        rows = store.client.query(store.collection_name, filter=self._expression, output_fields=["*"], limit=matching)
-        completeness.report_complete(True)  # every matching row is ranked
-        vectors = [row.get(store.embedding_field) for row in rows]
-        kept = [
-            i for i, vector in enumerate(vectors) if vector is not None and len(vector) == len(query.query_embedding)
-        ]
-        if not kept:
-            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
-        matrix = np.asarray([vectors[i] for i in kept], dtype=np.float64)
-        asked = np.asarray(query.query_embedding, dtype=np.float64)
-        metric = str(getattr(store, "similarity_metric", "IP")).upper()
-        if metric == "L2":  # Milvus reports the squared distance, smaller first
-            scores = ((matrix - asked) ** 2).sum(axis=1)
-            order = np.argsort(scores, kind="stable")
-        else:
-            scores = matrix @ asked
-            if metric == "COSINE":
-                norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(asked)
-                scores = np.divide(scores, norms, out=np.zeros_like(scores), where=norms > 0)
-            order = np.argsort(-scores, kind="stable")
-        hits = [
-            {"id": rows[kept[i]]["id"], "distance": float(scores[i]), "entity": rows[kept[i]]}
-            for i in order[: query.similarity_top_k]
-        ]
-        nodes, similarities, ids = store._parse_from_milvus_results([hits])
-        return VectorStoreQueryResult(nodes=nodes, similarities=similarities, ids=ids)
 
 
 class MilvusPushdown(Pushdown):
@@ -481,7 +378,7 @@ class MilvusPushdown(Pushdown):
         upstream._node_ids = None  # type: ignore[attr-defined]
         upstream._doc_ids = None  # type: ignore[attr-defined]
         upstream._kwargs = kwargs  # type: ignore[attr-defined]
-        upstream._vector_store = _Counted(_store_of(self.retriever), text, exact_index=self._exact_index)  # type: ignore[attr-defined]
+        upstream._vector_store = CountedStore(_store_of(self.retriever), text, exact_index=self._exact_index)  # type: ignore[attr-defined]
         return True
 
 

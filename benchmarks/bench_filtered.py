@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _milvus_bench  # benchmarks/ is on the path when this file is run
 import numpy as np
 from _filtered_pg import KEPT, REPO, Worker, build_table, checkout, database
 from llama_index.core import StorageContext, VectorStoreIndex
@@ -88,7 +89,7 @@ ACLS = {
     "tenant": MetadataAcl(tenant_key="tenant", users_key="users", roles_key="roles", public_key="public"),
     "grant": MetadataAcl(users_key="users", roles_key="roles", public_key="public"),
 }
-STORES = ("memory", "qdrant", "postgres", "chroma")
+STORES = ("memory", "qdrant", "postgres", "chroma", "milvus-lite", "milvus")
 
 
 def tenant_of(share: float) -> str:
@@ -249,6 +250,13 @@ BUILDERS: dict[str, Callable[[Data, int], Iterator[BaseIndex[Any]]]] = {
     "memory": memory_index,
     "qdrant": qdrant_index,
     "chroma": chroma_index,
+    # Milvus Lite (FLAT) and the 2.3.5 server (HNSW): benchmarks/_milvus_bench.py.
+    "milvus-lite": lambda data, dim: _milvus_bench.milvus_lite_index(
+        data, None, dimensions=dim, embed=HashEmbedding(dimensions=dim)
+    ),
+    "milvus": lambda data, dim: _milvus_bench.milvus_server_index(
+        data, None, dimensions=dim, embed=HashEmbedding(dimensions=dim)
+    ),
 }
 
 Ask = Callable[[Caller, list[float]], dict[str, Any]]

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from llama_jev.testing import SystemOneTestServer
+from llama_jev.testing.milvus import MilvusServer
 from llama_jev.testing.postgres import PostgresServer, embedded_postgres
 
 from .support import marked_answer
@@ -33,3 +34,22 @@ def postgres_server() -> Iterator[PostgresServer]:
             connection.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
         engine.dispose()
         yield server
+
+
+@pytest.fixture(scope="session")
+def milvus_server() -> Iterator[MilvusServer]:
+    """One ``milvus`` 2.3.5 standalone server for the whole session (llama_jev.testing.milvus)."""
+    from llama_jev.testing.milvus import milvus_server as start
+
+    from .milvus_support import require_milvus, unavailable
+
+    require_milvus("server")
+    try:
+        server = start()
+        running = server.__enter__()
+    except RuntimeError as error:
+        unavailable(f"the milvus server did not start: {error}")
+    try:
+        yield running
+    finally:
+        server.__exit__(None, None, None)

@@ -149,7 +149,7 @@ def _over(store: Any) -> VectorStoreIndex:
     )
 
 
-@pytest.fixture(scope="module", params=["memory", "qdrant", "postgres", "chroma"])
+@pytest.fixture(scope="module", params=["memory", "qdrant", "postgres", "chroma", "milvus-lite", "milvus"])
 def index(request: pytest.FixtureRequest) -> Iterator[VectorStoreIndex]:
     """The corpus in one real store of each adapter."""
     name = request.param
@@ -173,6 +173,11 @@ def index(request: pytest.FixtureRequest) -> Iterator[VectorStoreIndex]:
         yield _over(store)
         if store._engine is not None:
             store._engine.dispose()
+    elif name.startswith("milvus"):
+        from .milvus_support import closing, milvus_index, uri_for
+
+        engine = "lite" if name == "milvus-lite" else "server"
+        yield from closing(milvus_index(uri_for(engine, request), NODES, dim=DIMENSIONS, use_async_client=False))
     else:
         pytest.importorskip("llama_index.vector_stores.chroma")
         import chromadb

@@ -88,7 +88,14 @@ def _over(store: Any, nodes: list[TextNode]) -> VectorStoreIndex:
 
 
 @pytest.fixture(
-    params=["memory", "qdrant", pytest.param("postgres", marks=pytest.mark.slow), "chroma"],
+    params=[
+        "memory",
+        "qdrant",
+        pytest.param("postgres", marks=pytest.mark.slow),
+        "chroma",
+        "milvus-lite",
+        pytest.param("milvus", marks=pytest.mark.slow),
+    ],
 )
 def build(request: pytest.FixtureRequest) -> Iterator[Build]:
     """An index over ``nodes`` in a real store of each adapter; closed after the test."""
@@ -116,6 +123,14 @@ def build(request: pytest.FixtureRequest) -> Iterator[Build]:
             table = f"widening_{random.randrange(10**9)}"
             store = AclPGVectorStore(**store_kwargs(server, table, embed_dim=DIMENSIONS))
             closers.append(lambda: store._engine.dispose() if store._engine is not None else None)
+            return _over(store, nodes)
+        if name.startswith("milvus"):
+            from .milvus_support import milvus_store, uri_for
+
+            # IVF_FLAT with one probe of many lists: a filtered search returns fewer than asked while
+            # more rows match (as HNSW may), so widening must not read a short answer as exhausted.
+            store = milvus_store(uri_for("lite" if name == "milvus-lite" else "server", request), dim=DIMENSIONS)
+            closers.append(store.client.close)
             return _over(store, nodes)
         pytest.importorskip("llama_index.vector_stores.chroma")
         import chromadb

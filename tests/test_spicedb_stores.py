@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -174,13 +174,29 @@ def _chroma(request: pytest.FixtureRequest) -> Iterator[VectorStoreIndex]:
     yield _index_over(ChromaVectorStore(chroma_collection=collection))
 
 
-STORES = {"memory": _memory, "qdrant": _qdrant, "postgres": _postgres, "chroma": _chroma}
+def _milvus(engine: str) -> Callable[[pytest.FixtureRequest], Iterator[VectorStoreIndex]]:
+    def build(request: pytest.FixtureRequest) -> Iterator[VectorStoreIndex]:
+        from .milvus_support import closing, milvus_index, uri_for
+
+        yield from closing(milvus_index(uri_for(engine, request), NODES, dim=8, use_async_client=False))
+
+    return build
+
+
+STORES = {
+    "memory": _memory,
+    "qdrant": _qdrant,
+    "postgres": _postgres,
+    "chroma": _chroma,
+    "milvus-lite": _milvus("lite"),
+    "milvus": _milvus("server"),
+}
 EXACT = {"memory", "qdrant"}
 
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param(name, marks=[pytest.mark.slow] if name == "postgres" else []) for name in STORES],
+    params=[pytest.param(name, marks=[pytest.mark.slow] if name in ("postgres", "milvus") else []) for name in STORES],
 )
 def store(request: pytest.FixtureRequest) -> Iterator[tuple[str, VectorStoreIndex]]:
     yield from ((request.param, index) for index in STORES[request.param](request))

@@ -140,8 +140,23 @@ def _chroma(request: pytest.FixtureRequest) -> Iterator[BaseRetriever]:
     )
 
 
+def _milvus(request: pytest.FixtureRequest) -> Iterator[BaseRetriever]:
+    # The standalone server (Milvus Lite, which refuses some negations, runs in tests/test_store_milvus.py).
+    from .milvus_support import closing, milvus_index, uri_for
+
+    for index in closing(milvus_index(uri_for("server", request), NODE_SET, dim=8)):
+        yield index.as_retriever(similarity_top_k=NODES)
+
+
 # Every adapter of the package, by name: a store to run it over.
-BUILDERS: dict[str, Builder] = {"memory": _memory, "qdrant": _qdrant, "postgres": _postgres, "chroma": _chroma}
+BUILDERS: dict[str, Builder] = {
+    "memory": _memory,
+    "qdrant": _qdrant,
+    "postgres": _postgres,
+    "chroma": _chroma,
+    "milvus": _milvus,
+}
+SERVERS = ("postgres", "milvus")  # adapters whose store here is a server the session starts
 BUILT_IN = [adapter for adapter in adapters() if adapter.__module__.startswith("llama_jev.stores.")]
 
 
@@ -151,7 +166,7 @@ def test_every_registered_adapter_of_the_package_has_a_store_here() -> None:
 
 @pytest.fixture(
     params=[
-        pytest.param(adapter, id=adapter.name, marks=[pytest.mark.slow] if adapter.name == "postgres" else [])
+        pytest.param(adapter, id=adapter.name, marks=[pytest.mark.slow] if adapter.name in SERVERS else [])
         for adapter in BUILT_IN
     ]
 )

@@ -1,7 +1,7 @@
 """Which adapter speaks a retriever's store, and the pushdown it builds; ``JevRetriever`` asks here.
 
 The adapters are asked in the order they were registered: the package's own (in-memory,
-Qdrant, PostgreSQL, Chroma), then any a program adds with :func:`register`.
+Qdrant, PostgreSQL, Chroma, Milvus), then any a program adds with :func:`register`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from llama_jev.acl.rules import Acl
 from llama_jev.stores.base import Pushdown, Seen, retrieve_in_thread
 from llama_jev.stores.chroma import ChromaPushdown
 from llama_jev.stores.memory import MemoryPushdown
+from llama_jev.stores.milvus import MilvusPushdown
 from llama_jev.stores.postgres.pushdown import PostgresPushdown
 from llama_jev.stores.qdrant import QdrantPushdown
 
 __all__ = ["adapter_for", "adapters", "advice_for", "aretrieve", "pushdown_for", "register"]
 
-_ADAPTERS: list[type[Pushdown]] = [MemoryPushdown, QdrantPushdown, PostgresPushdown, ChromaPushdown]
+_ADAPTERS: list[type[Pushdown]] = [MemoryPushdown, QdrantPushdown, PostgresPushdown, ChromaPushdown, MilvusPushdown]
 _LOCK = threading.Lock()
 
 

@@ -1,6 +1,6 @@
 """Test helpers that are real parts: a System One server on 127.0.0.1 with programmable faults,
 ``HashEmbedding``, a throwaway PostgreSQL + pgvector, a throwaway Chroma server, a throwaway
-Cerbos PDP and SpiceDB."""
+Cerbos PDP and SpiceDB, a throwaway Milvus standalone server."""
 
 from llama_jev.testing.cerbos import (
     CerbosServer as CerbosServer,
@@ -15,6 +15,12 @@ from llama_jev.testing.chroma import (
     chroma_server as chroma_server,
 )
 from llama_jev.testing.embedding import HashEmbedding as HashEmbedding
+from llama_jev.testing.milvus import (
+    MilvusServer as MilvusServer,
+)
+from llama_jev.testing.milvus import (
+    milvus_server as milvus_server,
+)
 from llama_jev.testing.postgres import (
     PostgresServer as PostgresServer,
 )

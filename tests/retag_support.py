@@ -16,7 +16,7 @@ from llama_jev import MetadataAcl
 from .support import HashEmbedding
 
 ACL = MetadataAcl(tenant_key="tenant", users_key="users", public_key="public")
-KINDS = ["memory", "qdrant", "postgres-json", "postgres-jsonb", "chroma"]
+KINDS = ["memory", "qdrant", "postgres-json", "postgres-jsonb", "chroma", "milvus-lite", "milvus-server"]
 QUERY = "refund policy"
 
 
@@ -70,6 +70,11 @@ def built(kind: str, nodes: list[TextNode], request: pytest.FixtureRequest) -> I
             f"retag-{random.randrange(10**9)}", embedding_function=None
         )
         store = ChromaVectorStore(chroma_collection=collection)
+    elif kind.startswith("milvus"):
+        from .milvus_support import milvus_store, uri_for
+
+        store = milvus_store(uri_for(kind.removeprefix("milvus-"), request), dim=8)
+        closers.append(lambda: store.client.close())
     else:
         raise AssertionError(kind)
     try:

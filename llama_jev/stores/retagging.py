@@ -37,6 +37,7 @@ _BUILT_IN = (
     "llama_jev.stores.retag_qdrant:QdrantRetagger",
     "llama_jev.stores.postgres.retag:PostgresRetagger",
     "llama_jev.stores.retag_chroma:ChromaRetagger",
+    "llama_jev.stores.retag_milvus:MilvusRetagger",
 )
 _ADDED: list[type[Retagger]] = []
 _LOCK = threading.Lock()

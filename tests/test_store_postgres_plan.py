@@ -274,7 +274,9 @@ def test_the_estimate_reads_the_tenant_index_statistics(indexed: Table) -> None:
     assert sliver.estimate < 5 * SLIVER  # the index's statistics, not a default guess
 
 
-def test_a_jsonb_table_gets_gin_indexes_on_users_and_roles(postgres_server: PostgresServer) -> None:
+def test_a_jsonb_table_gets_gin_indexes_on_users_and_roles_and_a_b_tree_on_the_flag(
+    postgres_server: PostgresServer,
+) -> None:
     store = AclPGVectorStore(
         **store_kwargs(postgres_server, "plan_jsonb", embed_dim=4, use_jsonb=True), acl_indexes=ACL
     )
@@ -283,6 +285,7 @@ def test_a_jsonb_table_gets_gin_indexes_on_users_and_roles(postgres_server: Post
     assert any("USING gin" in d and "metadata_ -> 'users'" in d for d in definitions)
     assert any("USING gin" in d and "metadata_ -> 'roles'" in d for d in definitions)
     assert any("USING btree" in d and "metadata_ ->> 'tenant'" in d for d in definitions)
+    assert any("USING btree" in d and "metadata_ -> 'public'" in d for d in definitions)
 
 
 def test_hostile_acl_keys_are_quoted_in_the_indexes(postgres_server: PostgresServer) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
-from sqlalchemy import Float, and_, cast, exists, false, func, literal, or_, select, true
+from sqlalchemy import Float, and_, any_, cast, exists, false, func, literal, or_, select, true
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, JSONPATH, TEXT
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -60,6 +60,7 @@ _NOTHING_SENTINEL = "llama_jev:match-nothing"
 
 # Present but holding anything other than strings: malformed ACL data (MetadataAcl denies the node).
 _NON_STRING_ELEMENT = 'strict $[*] ? (@.type() != "string")'
+_PUBLIC_JSON = ('"true"', "1", "true")  # the public flag's values as JSONB (see _acl_conditions)
 
 # The stock store's SQL operators for the comparisons it writes as `<field> <op> <value>`.
 _COMPARISONS: dict[FilterOperator, str] = {
@@ -221,15 +222,20 @@ def acl_clause(column: Any, acl: MetadataAcl | Conditional, ctx: RuntimeContext,
         else []
     )
     if jsonb:
-        return and_(*tenant, _acl_conditions(column, column, acl, ctx))
+        return and_(*tenant, _acl_conditions(column, column, acl, ctx, indexed=True))
     # Correlated to the query's own table: the subquery reads the outer row, never scans the table.
     parsed = select(cast(column, JSONB).label("metadata")).correlate(column.table).offset(0).subquery("acl_row")
     checks = select(literal(1)).select_from(parsed).where(_acl_conditions(parsed.c.metadata, column, acl, ctx))
     return and_(*tenant, exists(checks))
 
 
-def _acl_conditions(document: Any, raw: Any, acl: MetadataAcl, ctx: RuntimeContext) -> ColumnElement[bool]:
-    """The ACL over ``document``, the row's metadata as ``JSONB``; ``raw`` is the column as stored."""
+def _acl_conditions(
+    document: Any, raw: Any, acl: MetadataAcl, ctx: RuntimeContext, *, indexed: bool = False
+) -> ColumnElement[bool]:
+    """The ACL over ``document``, the row's metadata as ``JSONB``; ``raw`` is the column as stored.
+
+    ``indexed``: ``document`` is the ``JSONB`` column itself, which the ACL's indexes are built on.
+    """
     conditions: list[ColumnElement[bool]] = []
     if acl.tenant_key is not None:
         tenant = _Field(document, acl.tenant_key, jsonb=True)
@@ -260,8 +266,14 @@ def _acl_conditions(document: Any, raw: Any, acl: MetadataAcl, ctx: RuntimeConte
         # floats). JSONB writes 1e0 as 1, so the text as stored is checked too (last: the
         # conjunction stops before it unless the value is a number equal to 1).
         stored_text = cast(raw.op("->")(literal(acl.public_key, TEXT)), TEXT)
+        # Over a JSONB column, a superset of the three the B-tree on the flag serves (JSONB's `1` also
+        # equals 1.0, which the exact checks then deny): without an index on every arm of the grants'
+        # OR, the planner reads the whole table for a caller granted a few rows.
+        indexable = [flag.raw == any_(cast(literal(list(_PUBLIC_JSON), ARRAY(TEXT)), ARRAY(JSONB)))] if indexed else []
         grants.append(
-            or_(
+            and_(
+                *indexable,
+                or_(
                 and_(flag.kind == "string", flag.text == literal("true", TEXT)),
                 and_(
                     flag.kind == "number",
@@ -269,6 +281,7 @@ def _acl_conditions(document: Any, raw: Any, acl: MetadataAcl, ctx: RuntimeConte
                     stored_text == literal("1", TEXT),
                 ),
                 and_(flag.kind == "boolean", cast(flag.raw, TEXT) == literal("true", TEXT)),
+                ),
             )
         )
     conditions.append(or_(*grants) if grants else false())

@@ -274,13 +274,13 @@ def _acl_conditions(
             and_(
                 *indexable,
                 or_(
-                and_(flag.kind == "string", flag.text == literal("true", TEXT)),
-                and_(
-                    flag.kind == "number",
-                    cast(flag.raw, TEXT) == literal("1", TEXT),
-                    stored_text == literal("1", TEXT),
-                ),
-                and_(flag.kind == "boolean", cast(flag.raw, TEXT) == literal("true", TEXT)),
+                    and_(flag.kind == "string", flag.text == literal("true", TEXT)),
+                    and_(
+                        flag.kind == "number",
+                        cast(flag.raw, TEXT) == literal("1", TEXT),
+                        stored_text == literal("1", TEXT),
+                    ),
+                    and_(flag.kind == "boolean", cast(flag.raw, TEXT) == literal("true", TEXT)),
                 ),
             )
         )

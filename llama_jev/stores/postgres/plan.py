@@ -17,7 +17,7 @@ ones. So the store chooses, as Qdrant's query planner does:
    the count, not a statistic, decided.
 3. **Broad** (a larger estimate, or more rows than the line after all): HNSW with pgvector
    0.8's iterative scan in ``relaxed_order`` (set for this transaction only), ``ef_search`` and
-   a window growing with the table, the window re-sorted exactly (``distance + 0``: on
+   a window of ``2 k`` rows (at least 20) re-sorted exactly (``distance + 0``: on
    PostgreSQL 17+ a plain ``ORDER BY distance`` over the CTE plans no Sort). A walk shorter than
    ``k`` stopped on its budget: the admitted rows are ranked exactly instead (up to 20,000), and
    :attr:`Plan.complete` says whether the answer holds every admitted row.
@@ -279,7 +279,7 @@ def plan_dense(
        estimate on a small table too);
     2. the exact path counts the admitted rows up to the line + 1: at most the line, its top k
        is the answer, complete;
-    3. else the HNSW walk (``ef_search`` and window by the table's size, twice that for a caller
+    3. else the HNSW walk (``ef_search`` by the table's size, twice that for a caller
        counted over the line); a walk shorter than ``k`` stopped on its budget: the admitted rows
        are then ranked exactly up to :data:`cost.EXACT_ROWS_MAX` (the filter is evidently
        selective), and only a complete exact read makes the answer complete.
@@ -303,7 +303,7 @@ def plan_dense(
             return Plan(rows, "exact", estimate, admitted, True, limit, table_rows, blind)
     selective = admitted is not None or estimate == _OVER  # counted over the line: selective, yet too many
     yield _settings(_walk_settings(k, table_rows, values, selective=selective))
-    size = window(k, table_rows, selective=selective)
+    size = window(k)
     rows = list((yield _resorted(hnsw_query(size), k)))
     if len(rows) >= k:
         return Plan(rows, "hnsw", estimate, admitted, True, limit, table_rows, blind)

@@ -36,7 +36,7 @@ reused. Each PostgreSQL store runs in a worker process: ``--baseline REF`` adds 
 queries interleaved. ``--jsonb`` measures a ``use_jsonb=True`` table too. The docs' runs::
 
     python benchmarks/bench_filtered.py --n 100000 --dim 128 --stores postgres --keep --baseline dff3a63 --jsonb
-    python benchmarks/bench_filtered.py --n 1000000 --dim 128 --stores postgres --keep --baseline dff3a63
+    python benchmarks/bench_filtered.py --n 1000000 --dim 128 --stores postgres --keep --baseline dff3a63 --jsonb
 
 (10⁶ rows: about 2 GB of table and index; the first run loads and indexes for several minutes.)
 """

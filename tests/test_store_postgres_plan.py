@@ -25,8 +25,8 @@ from llama_index.core.vector_stores.types import VectorStoreQuery
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
 from llama_jev import MetadataAcl, RuntimeContext
-from llama_jev.stores import postgres_plan
 from llama_jev.stores.postgres import AclPGVectorStore, acl_filters
+from llama_jev.stores.postgres import plan as postgres_plan
 from llama_jev.testing.postgres import PostgresServer
 
 from .postgres_support import store_kwargs

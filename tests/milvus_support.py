@@ -18,7 +18,7 @@ from llama_index.core.schema import BaseNode
 
 from .support import HashEmbedding
 
-ENGINES = ["lite", "server"]
+ENGINES = ["lite", pytest.param("server", marks=pytest.mark.slow)]  # the server: a subprocess
 
 
 def unavailable(why: str) -> None:

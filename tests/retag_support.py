@@ -16,7 +16,11 @@ from llama_jev import MetadataAcl
 from .support import HashEmbedding
 
 ACL = MetadataAcl(tenant_key="tenant", users_key="users", public_key="public")
-KINDS = ["memory", "qdrant", "postgres-json", "postgres-jsonb", "chroma", "milvus-lite", "milvus-server"]
+_SERVERS = ("postgres-json", "postgres-jsonb", "chroma", "milvus-server")  # a server the session starts: slow
+KINDS = [
+    pytest.param(kind, marks=[pytest.mark.slow] if kind in _SERVERS else [])
+    for kind in ("memory", "qdrant", "postgres-json", "postgres-jsonb", "chroma", "milvus-lite", "milvus-server")
+]
 QUERY = "refund policy"
 
 

@@ -69,7 +69,9 @@ def test_the_reader_sets_agree_with_the_acl_on_every_caller() -> None:
             assert _widens(stored, expected) is witness, (stored, expected)
 
 
-@pytest.mark.parametrize("kind", ["memory", "qdrant", "postgres-jsonb", "chroma"])
+@pytest.mark.parametrize(
+    "kind", ["memory", "qdrant", *(pytest.param(kind, marks=pytest.mark.slow) for kind in ("postgres-jsonb", "chroma"))]
+)
 def test_a_scan_counts_widening_and_narrowing_nodes_page_by_page(kind: str, request: pytest.FixtureRequest) -> None:
     with built(kind, [*chunks("doc-a", 3), *chunks("doc-b", 2, start=3)], request) as (target, _):
         retag(target, {"users": ["u1"]}, document_ids=["doc-a"], acl=ACL)  # as the source says
@@ -148,6 +150,7 @@ def qdrant_folder(tmp_path: Path) -> Path:
 KEYS = ["--tenant-key", "tenant", "--users-key", "users", "--public-key", "public"]
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_cli_exits_0_when_nothing_would_widen_and_reports_narrowing(qdrant_folder: Path) -> None:
     done = _cli(
         "--qdrant-path", str(qdrant_folder), "--collection", "docs", *KEYS,
@@ -159,6 +162,7 @@ def test_the_cli_exits_0_when_nothing_would_widen_and_reports_narrowing(qdrant_f
     assert "scanned 5 of 5 nodes" in done.stderr
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_cli_exits_1_when_any_node_would_widen(qdrant_folder: Path) -> None:
     from llama_index.vector_stores.qdrant import QdrantVectorStore
     from qdrant_client import QdrantClient
@@ -177,6 +181,7 @@ def test_the_cli_exits_1_when_any_node_would_widen(qdrant_folder: Path) -> None:
     assert done.stderr == ""
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_cli_reads_a_postgres_table(request: pytest.FixtureRequest) -> None:
     with built("postgres-json", [*chunks("doc-a", 2), *chunks("doc-b", 1, start=2)], request) as (store, _):
         retag(store, {"users": ["u1"], "public": True}, document_ids=["doc-a"], acl=ACL)
@@ -190,6 +195,7 @@ def test_the_cli_reads_a_postgres_table(request: pytest.FixtureRequest) -> None:
     assert (report["scanned"], report["would_widen"], report["would_narrow"]) == (3, 2, 1)
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -208,6 +214,7 @@ def test_the_cli_exits_2_on_bad_input(qdrant_folder: Path, args: list[str], mess
     assert message in done.stderr
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_cli_needs_an_acl_key_and_one_store() -> None:
     assert (
         _cli("--expected", "tests.drift_truth:expected_grants", "--qdrant-path", "x", "--collection", "c").returncode

@@ -140,6 +140,7 @@ async def test_a_server_that_is_down_is_an_error_in_every_mode_never_an_empty_an
             await retriever.aretrieve(query, ctx=ctx)
 
 
+@pytest.mark.slow  # the server
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 async def test_a_selective_caller_over_an_approximate_index_gets_the_exact_top_k(
     request: pytest.FixtureRequest, use_async: bool

@@ -232,11 +232,18 @@ async def test_a_grant_list_caller_of_a_few_hundred_rows_is_ranked_exactly(table
     store = AclPGVectorStore(**table.kwargs)
     plan = _run(store, _query(table, 0, GRANT_ACL, GRANTEE))[0]
     assert (plan.path, plan.admitted, plan.blind) == ("exact", GRANTED, True)
+    await _assert_every_query_gets_the_exact_top_k(store, table, GRANT_ACL, GRANTEE, use_async)
+
+
+async def _assert_every_query_gets_the_exact_top_k(
+    store: AclPGVectorStore, table: Table, acl: MetadataAcl, ctx: RuntimeContext, use_async: bool
+) -> None:
+    """Each query of ``table`` (``store.query`` or ``aquery``) gets the exact filtered top k; closes the store."""
     try:
         for q in range(len(table.queries)):
-            query = _query(table, q, GRANT_ACL, GRANTEE)
+            query = _query(table, q, acl, ctx)
             result = await store.aquery(query) if use_async else store.query(query)
-            assert result.ids == table.top(GRANT_ACL, GRANTEE, table.queries[q])
+            assert result.ids == table.top(acl, ctx, table.queries[q])
     finally:
         await store.close()
 
@@ -365,10 +372,4 @@ async def test_a_grant_list_with_a_public_flag_is_read_through_the_indexes(jsonb
     assert (plan.path, plan.admitted, plan.blind) == ("exact", GRANTED, False)
     assert "Seq Scan" not in explained, explained
     assert '"Node Type": "BitmapOr"' in explained
-    try:
-        for q in range(len(jsonb_table.queries)):
-            query = _query(jsonb_table, q, PUBLIC_GRANT_ACL, GRANTEE)
-            result = await store.aquery(query) if use_async else store.query(query)
-            assert result.ids == jsonb_table.top(PUBLIC_GRANT_ACL, GRANTEE, jsonb_table.queries[q])
-    finally:
-        await store.close()
+    await _assert_every_query_gets_the_exact_top_k(store, jsonb_table, PUBLIC_GRANT_ACL, GRANTEE, use_async)

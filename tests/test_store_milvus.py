@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -24,8 +25,10 @@ from llama_jev import (
     RuntimeContext,
     ScriptedJudge,
 )
-from llama_jev.acl import And, Conditional, Equals, IdIn, ListContains, Not
-from llama_jev.stores.milvus import MilvusPushdown, milvus_expression
+from llama_jev.acl import And, Condition, Conditional, Equals, IdIn, In, Intersects, ListContains, Not, Or, evaluate
+from llama_jev.core.errors import UntranslatableFilterError
+from llama_jev.stores.milvus import Fields, MilvusPushdown, milvus_expression
+from llama_jev.stores.milvus_probe import ProbeHistory
 
 from . import test_store_adapters as equivalence
 from .milvus_support import ENGINES, closing, milvus_index, uri_for
@@ -200,3 +203,200 @@ def test_a_tenant_declared_as_a_varchar_schema_field_is_read_as_that_field(
         # An INT64 schema field is not in $meta: refused, never read as "missing" (which would drop every node).
         upstream = copy.copy(retriever)
         assert not pushdown.apply(upstream, Conditional(Equals("n", 3)), RuntimeContext(user_id="u"))
+
+
+# Over an exact (FLAT) index the cheaper filters are searched first, their rows checked by the ACL's
+# own rule: no ACL filter, then the tenant's ``==``, then the whole expression.
+PROBE_CASES = {
+    # case: (the tenant's rows, of which the caller may read, the tenant near the query?,
+    #        the searches made, the searches made when asked again)
+    "most rows near are readable: no filter answers": (40, range(40), True, ["none"], ["none"]),
+    "the tenant answers": (40, range(40), False, ["none", "tenant"], ["tenant"]),
+    "few readable among many: the exact expression, then at once": (
+        40, range(0, 40, 13), False, ["none", "tenant", "exact"], ["exact"]),
+    "the tenant's every row read: it answers, short": (12, range(0, 12, 3), False, ["none", "tenant"], ["tenant"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("case", PROBE_CASES)
+async def test_over_an_exact_index_cheaper_filters_are_searched_first_and_checked(
+    engine: str, use_async: bool, case: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer is the exact filtered top k whichever search gives it; the searches are as the case says."""
+    import random
+
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    size, readable, near, searches, again_searches = PROBE_CASES[case]
+    rng = random.Random(7)
+
+    def embedding(close: bool) -> list[float]:  # the query is [1, 0, 0, 0]: near rows come first
+        return [1.0 if close else -1.0, *(rng.uniform(-0.3, 0.3) for _ in range(3))]
+
+    nodes = [
+        TextNode(
+            id_=f"n{i}",
+            text="t",
+            embedding=embedding((i < size) == near),
+            metadata={
+                "tenant": "acme" if i < size else "globex",
+                "users": ["u1", "u2"] if i < size and i in readable else ["u2"],
+                "kind": "faq" if i % 2 == 0 else "manual",
+            },
+        )
+        for i in range(size + 45)
+    ]
+    made: list[str] = []
+
+    def searched(kwargs: dict[str, object]) -> None:
+        expression = str(kwargs.get("string_expr", ""))
+        made.append("exact" if '$meta["users"]' in expression else "tenant" if "tenant" in expression else "none")
+
+    for index in closing(milvus_index(uri_for(engine, request), nodes, dim=4)):
+        kind = type(index.vector_store)
+        query_of, aquery_of = kind.query, kind.aquery
+
+        def spied(self: object, query: object, __query: Any = query_of, **kwargs: object) -> object:
+            searched(kwargs)
+            return __query(self, query, **kwargs)
+
+        async def aspied(self: object, query: object, __aquery: Any = aquery_of, **kwargs: object) -> object:
+            searched(kwargs)
+            return await __aquery(self, query, **kwargs)
+
+        monkeypatch.setattr(kind, "query", spied)
+        monkeypatch.setattr(kind, "aquery", aspied)
+        acl = MetadataAcl(tenant_key="tenant", users_key="users")
+        selector = CandidateSelector(ScriptedJudge(lambda *a: 0.9), ExecutionOptions(mode=Mode.OFF))
+        own = MetadataFilters(filters=[MetadataFilter(key="kind", value="faq")])
+        for filters in (None, own):
+            retriever = JevRetriever(
+                index.as_retriever(similarity_top_k=5, filters=filters), selector, acl, top_k=5, prefilter=True
+            )
+            query = QueryBundle("q", embedding=[1.0, 0.0, 0.0, 0.0])
+            ctx = RuntimeContext(user_id="u1", tenant_id="acme")
+            made.clear()
+            got = await retriever.aretrieve(query, ctx=ctx) if use_async else retriever.retrieve(query, ctx=ctx)
+            permitted = [
+                node
+                for node in nodes
+                if node.metadata["tenant"] == "acme"
+                and "u1" in node.metadata["users"]
+                and (filters is None or node.metadata["kind"] == "faq")
+            ]
+            distance = {
+                n.node_id: sum((a - b) ** 2 for a, b in zip(n.embedding or [], query.embedding or [], strict=True))
+                for n in permitted
+            }
+            assert [hit.node.node_id for hit in got] == sorted(distance, key=distance.__getitem__)[:5]
+            if filters is None:
+                assert made == searches
+                made.clear()  # asked again: it starts where it was answered
+                again = await retriever.aretrieve(query, ctx=ctx) if use_async else retriever.retrieve(query, ctx=ctx)
+                assert [hit.node.node_id for hit in again] == [hit.node.node_id for hit in got]
+                assert made == again_searches
+
+
+def test_the_history_starts_where_a_restriction_was_answered_retries_the_cheapest_and_is_bounded() -> None:
+    history = ProbeHistory()
+    assert history.start("a") == 0
+    history.record("a", 2)
+    starts = [history.start("a") for _ in range(20)]
+    assert [i for i, level in enumerate(starts) if level == 0] == [9, 19]  # every 10th query: the cheapest again
+    assert set(starts) == {0, 2}
+    history.record("a", 0)
+    assert [history.start("a") for _ in range(3)] == [0, 0, 0]
+    for i in range(ProbeHistory.SIZE + 5):
+        history.record(f"k{i}", 1)
+    assert history.start("k0") == 0  # the oldest were forgotten
+    assert history.start(f"k{ProbeHistory.SIZE}") == 1
+
+
+# --- ACL keys declared as schema fields: VARCHAR, ARRAY of VARCHAR, BOOL ---------------------------
+
+TYPED_TENANTS = ["acme", "globex", "o'brien\\"]
+TYPED_NODES = [
+    TextNode(
+        id_=f"t{i}",
+        text="t",
+        embedding=[1.0, i / 40],
+        metadata={
+            "tenant": TYPED_TENANTS[i % 3],
+            "users": [["u1"], ["u2", "u1"], [], ["acme' OR 1=1 --"], ["u2"]][i % 5],
+            "roles": [["staff"], ["admin", "staff"], ["sales"], []][i % 4],
+            "public": i % 7 == 0,
+        },
+    )
+    for i in range(40)
+]
+# name -> (condition, whether Lite refuses it: it cannot run not (...)); every other is stated exactly.
+TYPED_CONDITIONS: dict[str, tuple[Condition, bool]] = {
+    "tenant": (Equals("tenant", "acme"), False),
+    "tenant-hostile": (Equals("tenant", "o'brien\\"), False),
+    "tenant-int": (Equals("tenant", 1), False),
+    "public-true": (Equals("public", True), False),
+    "public-false": (Equals("public", False), False),
+    "public-one": (Equals("public", 1), False),
+    "public-string": (Equals("public", "true"), False),
+    "public-flag": (In("public", ("true", 1, True)), False),
+    "users-contains": (ListContains("users", "u1"), False),
+    "users-hostile": (ListContains("users", "acme' OR 1=1 --"), False),
+    "users-equals": (Equals("users", "u1"), False),
+    "roles-intersect": (Intersects("roles", ("admin", "sales")), False),
+    "public-contains": (ListContains("public", "u1"), False),
+    "grants": (
+        And(
+            (
+                Equals("tenant", "acme"),
+                Or((ListContains("users", "u1"), Intersects("roles", ("admin",)), Equals("public", True))),
+            )
+        ),
+        False,
+    ),
+    "not-public": (Not(Equals("public", True)), False),
+    "not-tenant": (Not(Equals("tenant", "acme")), False),
+    "not-users": (Not(ListContains("users", "u1")), True),
+    "not-roles": (Not(Intersects("roles", ("admin", "sales"))), True),
+}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_acl_keys_declared_as_schema_fields_are_read_as_those_fields_exactly(
+    engine: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each condition: the nodes retrieved are exactly those ``evaluate`` admits, read from the typed fields."""
+    from .milvus_support import typed_acl_collection
+
+    uri = uri_for(engine, request)
+    name = typed_acl_collection(uri, dim=2)
+    for index in closing(milvus_index(uri, TYPED_NODES, dim=2, name=name, overwrite=False)):
+        retriever = index.as_retriever(similarity_top_k=len(TYPED_NODES))
+        pushdown = MilvusPushdown(retriever, MetadataAcl(tenant_key="tenant"), set())
+        stated = 0
+        for case, (condition, lite_refuses) in TYPED_CONDITIONS.items():
+            upstream = copy.copy(retriever)
+            applied = pushdown.apply(upstream, Conditional(condition), RuntimeContext(user_id="u"))
+            assert applied == (engine == "server" or not lite_refuses), case
+            if not applied:
+                continue
+            expression = upstream._kwargs["string_expr"]  # type: ignore[attr-defined]
+            assert not any(f'$meta["{key}"]' in expression for key in ("tenant", "users", "roles", "public")), case
+            got = {hit.node.node_id for hit in upstream.retrieve(QueryBundle("q", embedding=[1.0, 0.0]))}
+            want = {node.node_id for node in TYPED_NODES if evaluate(condition, node.node_id, node.metadata)}
+            assert got == want, case
+            stated += bool(want) and want != {node.node_id for node in TYPED_NODES}
+        assert stated >= 10  # most cases select some nodes, not none or all
+
+
+def test_a_negation_over_a_nullable_field_is_refused() -> None:
+    """Milvus's != is false on null where evaluate reads a missing key as not equal: refused, not guessed.
+
+    (Neither engine here has nullable fields, Lite 2.5.1 and the 2.3.5 server refuse them: Milvus 2.5+ does.)
+    """
+    fields = Fields(varchar=frozenset({"tenant"}), bools=frozenset({"public"}), nullable=frozenset({"public"}))
+    assert milvus_expression(Equals("public", True), fields=fields) == "public == true"
+    assert milvus_expression(Not(Equals("tenant", "acme")), fields=fields) == 'tenant != "acme"'
+    with pytest.raises(UntranslatableFilterError, match="nullable"):
+        milvus_expression(Not(Equals("public", True)), fields=fields)

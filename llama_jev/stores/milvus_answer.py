@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from llama_jev.stores import completeness
+from llama_jev.stores.milvus_probe import Probes, probing
 
 __all__ = ["EXACT_ROWS", "CountedStore"]
 
@@ -28,16 +29,27 @@ class CountedStore:
     asks again. Everything else is the store's own.
     """
 
-    def __init__(self, store: Any, expression: str, *, exact_index: bool = False) -> None:
+    def __init__(self, store: Any, expression: str, *, exact_index: bool = False, probes: Probes | None = None) -> None:
         self._store = store
         self._expression = expression
         self._exact_index = exact_index
+        self._probes = probes if exact_index else None  # their answers are exact only over an exact index
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
     def query(self, query: Any, **kwargs: Any) -> Any:
         if self._exact_index:  # a FLAT index ranks every match: its answer is exact, short or not
+            if self._probes is not None and _dense(query):
+                plan = probing(self._probes, query)
+                try:
+                    window, expression = next(plan)
+                    while True:
+                        result = self._store.query(window, **{**kwargs, "string_expr": expression})
+                        window, expression = plan.send(result)
+                except StopIteration as done:
+                    if done.value is not None:
+                        return done.value
             completeness.report_complete(True)
             return self._store.query(query, **kwargs)
         matching = self._count() if self._expression else None
@@ -48,6 +60,16 @@ class CountedStore:
 
     async def aquery(self, query: Any, **kwargs: Any) -> Any:
         if self._exact_index:
+            if self._probes is not None and _dense(query):
+                plan = probing(self._probes, query)
+                try:
+                    window, expression = next(plan)
+                    while True:
+                        result = await self._store.aquery(window, **{**kwargs, "string_expr": expression})
+                        window, expression = plan.send(result)
+                except StopIteration as done:
+                    if done.value is not None:
+                        return done.value
             completeness.report_complete(True)
             return await self._store.aquery(query, **kwargs)
         matching = self._count() if self._expression else None
@@ -64,8 +86,7 @@ class CountedStore:
     @staticmethod
     def _exact_fits(query: Any, matching: int | None) -> bool:
         """Few enough rows match to rank them all here (a dense query of the default mode)."""
-        dense = query.query_embedding is not None and getattr(query.mode, "value", query.mode) == "default"
-        return matching is not None and matching <= EXACT_ROWS and dense
+        return matching is not None and matching <= EXACT_ROWS and _dense(query)
 
     def _searched(self, kwargs: dict[str, Any], limit: int) -> dict[str, Any]:
         """``kwargs`` with an HNSW ``ef`` of at least ``limit`` (Milvus refuses ``ef < limit``; widening grows it)."""
@@ -117,3 +138,8 @@ class CountedStore:
         ]
         nodes, similarities, ids = store._parse_from_milvus_results([hits])
         return VectorStoreQueryResult(nodes=nodes, similarities=similarities, ids=ids)
+
+
+def _dense(query: Any) -> bool:
+    """A dense query of the default mode (what the exact read and the probes rank)."""
+    return query.query_embedding is not None and getattr(query.mode, "value", query.mode) == "default"

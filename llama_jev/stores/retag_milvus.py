@@ -19,7 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from llama_jev.stores.grants import Retagger, Selection, Stored
-from llama_jev.stores.milvus import _Dialect, _schema, literal
+from llama_jev.stores.milvus import _schema
+from llama_jev.stores.milvus_expression import Dialect, literal
 
 __all__ = ["MilvusRetagger"]
 
@@ -57,8 +58,8 @@ class MilvusRetagger(Retagger):
                 found = self._client.get(self._collection, ids=ids[start : start + size], output_fields=output)
                 yield [self._stored(row) for row in found]
             return
-        lite, varchar, other = _schema(self.store)
-        field = _Dialect(lite=lite, varchar=varchar, other=other).field(selection.document_id_key)
+        lite, fields = _schema(self.store)
+        field = Dialect(lite=lite, fields=fields).field(selection.document_id_key)
         documents = list(selection.document_ids or ())
         # Collected before writing: an offset walk over rows being replaced could skip some.
         matched: list[Stored] = []

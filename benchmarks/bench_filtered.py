@@ -11,12 +11,16 @@ seed). Callers:
 - a tenant caller per share, 50 / 5 / 3 / 1 / 0.5 / 0.3 / 0.1 / 0.05 % of the nodes (every node of
   that tenant grants the caller's role, spread over the clusters at random), under a
   ``MetadataAcl`` on tenant, users, roles and a public flag;
+- a caller of the 50 % tenant with no role, who reads only the nodes whose ``users`` list names
+  it (1 in 31 of them: 1.6 % of the nodes);
 - a grant-list caller per share, 1 / 0.3 / 0.1 %: its user id is in the ``users`` list of that
   share of the nodes, spread over all tenants, under a ``MetadataAcl`` without a tenant key.
 
 For each store (LlamaIndex's in-memory store, Qdrant local mode, ``AclPGVectorStore`` over
 PostgreSQL + pgvector with an HNSW index, Chroma's embedded client; Chroma stores one user, so it
-has no grant-list callers) x caller, ``--queries`` queries near the centres go through
+has no grant-list callers; ``MilvusVectorStore`` over Milvus Lite 2.5 with the metadata in the
+dynamic field (``milvus-lite``) or the ACL keys declared schema fields (``milvus-lite-typed``),
+and over the 2.3.5 server (``milvus``)) x caller, ``--queries`` queries near the centres go through
 ``JevRetriever.from_index(index, selector, acl, top_k=10)`` in mode OFF (pushdown on, what users
 get), and the table says:
 
@@ -26,7 +30,9 @@ get), and the table says:
 - ``recall@10``: mean and worst query, against the exact filtered top 10 (numpy, cosine, over the
   readable nodes);
 - ``leaks``: nodes returned that the ACL denies (must be 0);
-- ``p50 ms``: the median latency of one retrieval; with ``--baseline``, the new store's over main's.
+- ``p50 ms``: the median latency of one retrieval; with ``--baseline``, the new store's over main's;
+  ``p50 / unfiltered`` (the stores in this process): over the same query through LlamaIndex's
+  plain retriever, no ACL and no filter, timed right after it.
 
 PostgreSQL is an embedded PostgreSQL 18 + pgvector started for the run (``--keep [DIR]`` keeps its
 data folder, so a second run reuses the table and its HNSW index), or ``--database-url`` /
@@ -89,7 +95,7 @@ ACLS = {
     "tenant": MetadataAcl(tenant_key="tenant", users_key="users", roles_key="roles", public_key="public"),
     "grant": MetadataAcl(users_key="users", roles_key="roles", public_key="public"),
 }
-STORES = ("memory", "qdrant", "postgres", "chroma", "milvus-lite", "milvus")
+STORES = ("memory", "qdrant", "postgres", "chroma", "milvus-lite", "milvus-lite-typed", "milvus")
 
 
 def tenant_of(share: float) -> str:
@@ -189,6 +195,10 @@ def make_data(n: int, dim: int, queries: int, seed: int = SEED) -> Data:
         start += size
         ctx = RuntimeContext(user_id="reader", tenant_id=tenant_of(share), roles={"staff"})
         callers.append(Caller(f"tenant {share * 100:g} %", "tenant", ctx, rows))
+        if code == 0:
+            # The same tenant read through the user's own grants only (no role): 1 row in 31 of it.
+            own = RuntimeContext(user_id="user-3", tenant_id=tenant_of(share))
+            callers.append(Caller(f"tenant {share * 100:g} %, own grants", "tenant", own, rows[rows % 31 == 3]))
     granted = []
     for share in GRANT_SHARES:
         rows = np.sort(rng.choice(n, max(1, round(share * n)), replace=False))
@@ -254,6 +264,9 @@ BUILDERS: dict[str, Callable[[Data, int], Iterator[BaseIndex[Any]]]] = {
     "milvus-lite": lambda data, dim: _milvus_bench.milvus_lite_index(
         data, None, dimensions=dim, embed=HashEmbedding(dimensions=dim)
     ),
+    "milvus-lite-typed": lambda data, dim: _milvus_bench.milvus_lite_typed_index(
+        data, None, dimensions=dim, embed=HashEmbedding(dimensions=dim)
+    ),
     "milvus": lambda data, dim: _milvus_bench.milvus_server_index(
         data, None, dimensions=dim, embed=HashEmbedding(dimensions=dim)
     ),
@@ -266,12 +279,17 @@ def in_process(index: BaseIndex[Any], store: str) -> Ask:
     selector = CandidateSelector(ScriptedJudge(lambda *_: 1.0), ExecutionOptions(mode=Mode.OFF))
     retrievers = {name: JevRetriever.from_index(index, selector, acl, top_k=K) for name, acl in ACLS.items()}
     assert all(r.prefilter for r in retrievers.values()), f"{store}: the ACL is not pushed down"
+    plain = index.as_retriever(similarity_top_k=K)  # no ACL, no filter: what "within 2x unfiltered" compares with
 
     def ask(caller: Caller, embedding: list[float]) -> dict[str, Any]:
         bundle = QueryBundle("a question", embedding=embedding)
         begun = time.perf_counter()
         nodes = retrievers[caller.acl].retrieve(bundle, ctx=caller.ctx)
-        return {"ids": [n.node.node_id for n in nodes], "seconds": time.perf_counter() - begun, "paths": []}
+        seconds = time.perf_counter() - begun
+        begun = time.perf_counter()
+        plain.retrieve(bundle)
+        unfiltered = time.perf_counter() - begun
+        return {"ids": [n.node.node_id for n in nodes], "seconds": seconds, "paths": [], "unfiltered": unfiltered}
 
     return ask
 
@@ -288,6 +306,7 @@ class Point:
     recalls: list[float] = field(default_factory=list)
     leaks: int = 0
     seconds: list[float] = field(default_factory=list)
+    unfiltered: list[float] = field(default_factory=list)  # the same query, no ACL (in-process stores)
     paths: collections.Counter[str] = field(default_factory=collections.Counter)
     warnings: int = 0
 
@@ -308,6 +327,8 @@ def measure(stores: list[tuple[str, Ask]], data: Data, callers: list[Caller]) ->
                 answer = ask(caller, embedding)
                 rows = [data.row_of(node_id) for node_id in answer["ids"]]
                 point.seconds.append(answer["seconds"])
+                if "unfiltered" in answer:
+                    point.unfiltered.append(answer["unfiltered"])
                 point.returned.append(len(rows))
                 point.leaks += sum(not readable[row] for row in rows)
                 point.recalls.append(len(set(rows) & truth[q]) / len(truth[q]))
@@ -320,10 +341,11 @@ def measure(stores: list[tuple[str, Ask]], data: Data, callers: list[Caller]) ->
 
 def print_table(title: str, points: list[Point], baseline: str | None) -> None:
     print(f"\n{title}\n")
-    ratio = " p50 new / main |" if baseline else ""
+    unfiltered = all(p.unfiltered for p in points)
+    ratio = (" p50 new / main |" if baseline else "") + (" p50 / unfiltered |" if unfiltered else "")
     print(f"| caller | store | readable | path | returned (mean / worst) of wanted | full-k | recall@10 (worst) "
           f"| leaks | p50 ms |{ratio}")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if baseline else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if baseline else "") + ("---|" if unfiltered else ""))
     main_p50 = {p.caller.name: statistics.median(p.seconds) for p in points if baseline and p.store == baseline}
     for p in points:
         p50 = statistics.median(p.seconds)
@@ -333,6 +355,9 @@ def print_table(title: str, points: list[Point], baseline: str | None) -> None:
         cell = ""
         if baseline:
             cell = " |" if p.store == baseline else f" {p50 / main_p50[p.caller.name]:.2f} |"
+        if unfiltered:
+            plain = statistics.median(p.unfiltered)
+            cell += f" {p50 / plain:.2f} ({plain * 1000:.1f} ms) |"
         print(
             f"| {p.caller.name} | {p.store} | {len(p.caller.rows):,} | {paths} | "
             f"{statistics.mean(p.returned):.1f} / {min(p.returned)} of {p.wanted} | "

@@ -28,7 +28,7 @@ from llama_jev import (
 from llama_jev.acl import And, Condition, Conditional, Equals, IdIn, In, Intersects, ListContains, Not, Or, evaluate
 from llama_jev.core.errors import UntranslatableFilterError
 from llama_jev.stores.milvus import Fields, MilvusPushdown, milvus_expression
-from llama_jev.stores.milvus_probe import ProbeHistory
+from llama_jev.stores.milvus_probe import ProbeHistory, probe_window
 
 from . import test_store_adapters as equivalence
 from .milvus_support import ENGINES, closing, milvus_index, uri_for
@@ -327,6 +327,7 @@ TYPED_NODES = [
             "users": [["u1"], ["u2", "u1"], [], ["acme' OR 1=1 --"], ["u2"]][i % 5],
             "roles": [["staff"], ["admin", "staff"], ["sales"], []][i % 4],
             "public": i % 7 == 0,
+            "label": ["x", "y"][i % 2],  # in the dynamic field
         },
     )
     for i in range(40)
@@ -353,6 +354,10 @@ TYPED_CONDITIONS: dict[str, tuple[Condition, bool]] = {
                 Or((ListContains("users", "u1"), Intersects("roles", ("admin",)), Equals("public", True))),
             )
         ),
+        False,
+    ),
+    "tenant-and-dynamic-grant": (
+        And((Equals("tenant", "acme"), Or((Equals("label", "x"), Equals("public", True))))),
         False,
     ),
     "not-public": (Not(Equals("public", True)), False),
@@ -400,3 +405,76 @@ def test_a_negation_over_a_nullable_field_is_refused() -> None:
     assert milvus_expression(Not(Equals("tenant", "acme")), fields=fields) == 'tenant != "acme"'
     with pytest.raises(UntranslatableFilterError, match="nullable"):
         milvus_expression(Not(Equals("public", True)), fields=fields)
+
+
+def test_the_history_holds_under_threads_and_stays_bounded() -> None:
+    """Lite answers aretrieve in worker threads: one history, many threads, more keys than it keeps."""
+    import threading
+
+    history = ProbeHistory()
+    failures: list[BaseException] = []
+
+    def work(offset: int) -> None:
+        try:
+            for i in range(3 * ProbeHistory.SIZE):
+                key = f"{offset}-{i % (ProbeHistory.SIZE + 100)}"
+                history.start(key)
+                history.record(key, 1 + i % 2)
+        except BaseException as error:  # any error in a thread is the failure
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert len(history._answered) <= ProbeHistory.SIZE
+
+
+def test_the_probe_window_is_never_more_than_milvus_searches_for(request: pytest.FixtureRequest) -> None:
+    assert [probe_window(k) for k in (1, 10, 100, 4096, 5000)] == [40, 40, 400, 16_384, 16_384]
+    nodes = [
+        TextNode(id_=f"n{i}", text="t", embedding=[1.0, i / 60], metadata={"tenant": "acme", "users": ["u1"]})
+        for i in range(60)
+    ]
+    for index in closing(milvus_index(uri_for("lite", request), nodes, dim=2)):
+        selector = CandidateSelector(ScriptedJudge(lambda *a: 0.9), ExecutionOptions(mode=Mode.OFF))
+        acl = MetadataAcl(tenant_key="tenant", users_key="users")
+        retriever = JevRetriever.from_index(index, selector, acl, top_k=5000)
+        got = retriever.retrieve(
+            QueryBundle("q", embedding=[1.0, 0.0]), ctx=RuntimeContext(user_id="u1", tenant_id="acme")
+        )
+        assert len(got) == 60
+
+
+def test_a_condition_on_a_document_id_is_left_to_the_exact_expression(request: pytest.FixtureRequest) -> None:
+    """LlamaIndex writes ref_doc_id as a field of the row, not in the metadata the probe's rule reads."""
+    from llama_index.core.schema import NodeRelationship, RelatedNodeInfo
+
+    nodes = []
+    for i in range(60):
+        users = ["u1"] if 10 <= i < 30 else ["u2"]  # enough for a probe to answer, were it asked
+        node = TextNode(id_=f"n{i}", text="t", embedding=[1.0, i / 60], metadata={"tenant": "acme", "users": users})
+        node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id="d1" if i == 3 else f"d{i + 100}")
+        nodes.append(node)
+    condition = And(
+        (Equals("tenant", "acme"), Or((IdIn(frozenset({"d1"}), key="ref_doc_id"), ListContains("users", "u1"))))
+    )
+    for index in closing(milvus_index(uri_for("lite", request), nodes, dim=2)):
+        retriever = index.as_retriever(similarity_top_k=5)
+        pushdown = MilvusPushdown(retriever, MetadataAcl(tenant_key="tenant"), set())
+        upstream = copy.copy(retriever)
+        assert pushdown.apply(upstream, Conditional(condition), RuntimeContext(user_id="u1"))
+        got = [hit.node.node_id for hit in upstream.retrieve(QueryBundle("q", embedding=[1.0, 0.0]))]
+        assert got == ["n3", "n10", "n11", "n12", "n13"]
+
+
+def test_milvus_scalar_filters_refuse_the_pushdown_since_the_store_would_drop_it(
+    request: pytest.FixtureRequest,
+) -> None:
+    nodes = [TextNode(id_="n0", text="t", embedding=[1.0, 0.0], metadata={"tenant": "acme"})]
+    for index in closing(milvus_index(uri_for("lite", request), nodes, dim=2)):
+        retriever = index.as_retriever(vector_store_kwargs={"milvus_scalar_filters": 'tenant == "acme"'})
+        assert not MilvusPushdown.recognises(retriever)
+        assert "string_expr" in str(MilvusPushdown.advice(retriever))

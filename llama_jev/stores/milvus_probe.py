@@ -20,20 +20,25 @@ a caller the cheap filters serve badly is not charged every search on every quer
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from llama_jev.stores import completeness
 
-__all__ = ["ProbeHistory", "Probes", "probe_window", "probing"]
+__all__ = ["SEARCH_LIMIT", "ProbeHistory", "Probes", "probe_window", "probing"]
+
+# Milvus refuses a search for more rows than this ("invalid parameter").
+SEARCH_LIMIT = 16_384
 
 
 def probe_window(k: int) -> int:
     """How many of a cheaper filter's nearest rows are read and checked for a query of ``k``.
 
-    4k (at least 40): a caller reading half the rows finds k among them with room to spare.
+    4k (at least 40): a caller reading half the rows finds k among them with room to spare; at
+    most what Milvus searches for (:data:`SEARCH_LIMIT`).
     """
-    return max(40, 4 * k)
+    return min(SEARCH_LIMIT, max(40, 4 * k))
 
 
 class ProbeHistory:
@@ -49,24 +54,28 @@ class ProbeHistory:
 
     def __init__(self) -> None:
         self._answered: dict[str, tuple[int, int]] = {}  # key -> (the search that answered, queries since)
+        # A retriever over Milvus Lite answers aretrieve in worker threads: one history, many threads.
+        self._lock = threading.Lock()
 
     def start(self, key: str) -> int:
         """The search to start from for ``key`` (0: the cheapest)."""
-        known = self._answered.get(key)
-        if known is None:
-            return 0
-        level, since = known
-        self._answered[key] = (level, since + 1)
-        return 0 if (since + 1) % self.RETRY == 0 else level
+        with self._lock:
+            known = self._answered.get(key)
+            if known is None:
+                return 0
+            level, since = known
+            self._answered[key] = (level, since + 1)
+            return 0 if (since + 1) % self.RETRY == 0 else level
 
     def record(self, key: str, level: int) -> None:
         """``key`` was answered by search ``level``."""
-        self._answered.pop(key, None)
-        if level == 0:
-            return  # the default: nothing to remember
-        self._answered[key] = (level, 0)
-        if len(self._answered) > self.SIZE:
-            del self._answered[next(iter(self._answered))]  # the oldest recorded
+        with self._lock:
+            self._answered.pop(key, None)
+            if level == 0:
+                return  # the default: nothing to remember
+            self._answered[key] = (level, 0)
+            if len(self._answered) > self.SIZE:
+                del self._answered[next(iter(self._answered))]  # the oldest recorded
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -478,3 +479,46 @@ def test_milvus_scalar_filters_refuse_the_pushdown_since_the_store_would_drop_it
         retriever = index.as_retriever(vector_store_kwargs={"milvus_scalar_filters": 'tenant == "acme"'})
         assert not MilvusPushdown.recognises(retriever)
         assert "string_expr" in str(MilvusPushdown.advice(retriever))
+
+
+def test_the_docs_typed_collection_runs_as_written_and_reads_its_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/stores-and-pushdown.md's block, pasted into a fresh folder, on Milvus Lite."""
+    from llama_index.core import StorageContext, VectorStoreIndex
+
+    from .milvus_support import require_milvus
+    from .support import HashEmbedding
+    from .test_readme import ROOT, blocks
+
+    require_milvus("lite")
+    [block] = [
+        block
+        for block in blocks(ROOT / "docs" / "stores-and-pushdown.md")
+        if 'schema.add_field("public", DataType.BOOL)' in block.code
+    ]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "docs_page"}
+    exec(compile(block.code, block.name, "exec"), namespace)
+    store = namespace["store"]
+    try:
+        nodes = [
+            TextNode(id_=f"n{i}", text=f"passage {i}", metadata={
+                "tenant": ["acme", "globex"][i % 2], "users": [f"u{i % 3}"], "roles": ["staff"], "public": i == 4})
+            for i in range(12)
+        ]  # fmt: skip
+        index = VectorStoreIndex(
+            nodes,
+            storage_context=StorageContext.from_defaults(vector_store=store),
+            embed_model=HashEmbedding(dimensions=384),
+        )
+        acl = MetadataAcl(tenant_key="tenant", users_key="users", public_key="public")
+        retriever = index.as_retriever(similarity_top_k=12)
+        upstream = copy.copy(retriever)
+        ctx = RuntimeContext(user_id="u1", tenant_id="acme")
+        assert MilvusPushdown(retriever, acl, set()).apply(upstream, acl.restriction(ctx), ctx)
+        assert 'array_contains(users, "u1")' in upstream._kwargs["string_expr"]  # type: ignore[attr-defined]
+        got = {hit.node.node_id for hit in upstream.retrieve(QueryBundle("passage"))}
+        assert got == {node.node_id for node in nodes if acl.allows(ctx, node.metadata)} == {"n4", "n10"}
+    finally:
+        store.client.close()

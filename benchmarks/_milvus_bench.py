@@ -18,6 +18,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.indices.base import BaseIndex
 
 from llama_jev.testing import HashEmbedding
+from llama_jev.testing.milvus import typed_acl_collection
 
 # HNSW on the server (ef is raised to the window when widening asks for more; the adapter does it);
 # Lite 2.5 has FLAT and IVF_FLAT only: FLAT, exact.
@@ -60,26 +61,6 @@ def settled(client: Any, collection: str, field: str, timeout: float = 600.0) ->
     client.load_collection(collection)
 
 
-def _typed_collection(uri: str, dimensions: int) -> None:
-    """The collection of docs/stores-and-pushdown.md: tenant VARCHAR, users / roles ARRAY of VARCHAR, public BOOL."""
-    from pymilvus import DataType, MilvusClient
-
-    client = MilvusClient(uri=uri)
-    try:
-        schema = client.create_schema(auto_id=False, enable_dynamic_field=True)
-        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=65_535)
-        schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=dimensions)
-        schema.add_field("tenant", DataType.VARCHAR, max_length=256)
-        for name in ("users", "roles"):
-            schema.add_field(name, DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=64, max_length=256)
-        schema.add_field("public", DataType.BOOL)
-        index = client.prepare_index_params()
-        index.add_index("embedding", index_type="FLAT", metric_type="IP")
-        client.create_collection("filtered", schema=schema, index_params=index, consistency_level="Session")
-    finally:
-        client.close()
-
-
 def _filled(store: Any, data: Any, embed: HashEmbedding, *, lists: bool = False) -> VectorStoreIndex:
     nodes = data.nodes()
     if lists:  # an ARRAY field holds lists only: a role given as one string becomes a list of one
@@ -107,7 +88,7 @@ def milvus_lite_typed_index(
     data: Any, args: argparse.Namespace | None, *, dimensions: int, embed: HashEmbedding
 ) -> Iterator[BaseIndex[Any]]:
     with tempfile.TemporaryDirectory(prefix="bench-milvus-lite-") as folder:
-        _typed_collection(f"{folder}/filtered.db", dimensions)
+        typed_acl_collection(f"{folder}/filtered.db", "filtered", dim=dimensions, metric="IP")
         store = _store(f"{folder}/filtered.db", dimensions, server=False, overwrite=False)
         try:
             yield _filled(store, data, embed, lists=True)

@@ -81,27 +81,9 @@ def closing(index: VectorStoreIndex) -> Iterator[VectorStoreIndex]:
 
 
 def typed_acl_collection(uri: str, *, dim: int) -> str:
-    """A collection whose ACL keys are schema fields (as docs/stores-and-pushdown.md shows); its name.
-
-    ``tenant`` VARCHAR, ``users`` and ``roles`` ARRAY of VARCHAR, ``public`` BOOL, the rest of the
-    metadata in the dynamic field; a FLAT index.
-    """
-    from pymilvus import DataType, MilvusClient
+    """A new collection whose ACL keys are schema fields (``llama_jev.testing.milvus``'s); its name."""
+    from llama_jev.testing.milvus import typed_acl_collection as create
 
     name = f"typed{random.randrange(10**9)}"
-    client = MilvusClient(uri=uri)
-    try:
-        schema = client.create_schema(auto_id=False, enable_dynamic_field=True)
-        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=65_535)
-        schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=dim)
-        schema.add_field("tenant", DataType.VARCHAR, max_length=256)
-        for field in ("users", "roles"):
-            schema.add_field(field, DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=64, max_length=256)
-        schema.add_field("public", DataType.BOOL)
-        index = client.prepare_index_params()
-        index.add_index("embedding", index_type="FLAT", metric_type="L2")
-        # Session, as LlamaIndex's store creates its own: a search sees the writes made before it.
-        client.create_collection(name, schema=schema, index_params=index, consistency_level="Session")
-    finally:
-        client.close()
+    create(uri, name, dim=dim)
     return name

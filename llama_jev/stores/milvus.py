@@ -49,7 +49,7 @@ over every row's JSON).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -146,9 +146,7 @@ class MilvusPushdown(Pushdown):
         self._lite, self._fields = _schema(store)
         self._exact_index = _flat(store)
         self._history = ProbeHistory()
-        # The caller's own filters read VARCHAR fields and the dynamic field; any other field is refused.
-        other = self._fields.other | self._fields.bools | self._fields.arrays
-        self._own = _own_expression(retriever, self._fields.varchar, other)  # fails now, not on the first query
+        self._own = _own_expression(retriever, self._fields)  # fails now, not on the first query
 
     @classmethod
     def recognises(cls, retriever: BaseRetriever) -> bool:
@@ -170,7 +168,7 @@ class MilvusPushdown(Pushdown):
     @classmethod
     def _untranslatable(cls, retriever: BaseRetriever) -> str | None:
         try:
-            _own_expression(retriever, ())
+            _own_expression(retriever, Fields())
         except UntranslatableFilterError as error:
             return str(error)
         return None
@@ -266,13 +264,12 @@ def _keys(condition: Condition) -> frozenset[str]:
     return frozenset() if key is None else frozenset((key,))
 
 
-def _own_expression(retriever: BaseRetriever, varchar: Iterable[str], other: Iterable[str] = ()) -> str | None:
+def _own_expression(retriever: BaseRetriever, fields: Fields) -> str | None:
     """The caller's own restriction: its ``filters``, ``node_ids``, ``doc_ids`` and ``string_expr``."""
     store = vector_store_of(retriever)
     own = filters_expression(
         getattr(retriever, "_filters", None),
-        varchar=varchar,
-        other=other,
+        fields=fields,
         node_ids=getattr(retriever, "_node_ids", None),
         doc_ids=getattr(retriever, "_doc_ids", None),
         doc_id_field=str(getattr(store, "doc_id_field", "doc_id")),

@@ -33,7 +33,7 @@ class CountedStore:
         self._store = store
         self._expression = expression
         self._exact_index = exact_index
-        self._probes = probes if exact_index else None  # their answers are exact only over an exact index
+        self._probes = probes  # searched over an exact index only: their answers are exact there alone
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

@@ -192,15 +192,21 @@ def filters_expression(
     node_ids: Sequence[str] | None = None,
     doc_ids: Sequence[str] | None = None,
     doc_id_field: str = "doc_id",
+    fields: Fields | None = None,
 ) -> str | None:
     """The caller's own ``filters``, ``node_ids`` and ``doc_ids`` as one escaped expression; ``None``: none.
+
+    ``varchar`` / ``other``: the collection's ``VARCHAR`` schema fields and its other ones; or
+    ``fields``, all of them by type (:class:`Fields`; ``varchar`` and ``other`` are then ignored).
+    A filter reads a ``VARCHAR`` field or the dynamic field; any other field is refused.
 
     Raises:
         UntranslatableFilterError: a filter with an operator or value this adapter cannot state
             exactly (anything but ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``, ``nin`` over
             scalars, joined by AND / OR).
     """
-    dialect = Dialect(lite=False, fields=Fields(varchar=frozenset(varchar), other=frozenset(other)))
+    known = fields if fields is not None else Fields(varchar=frozenset(varchar), other=frozenset(other))
+    dialect = Dialect(lite=False, fields=known)
     parts: list[str] = []
     if filters is not None:
         stated = _filters(dialect, filters)

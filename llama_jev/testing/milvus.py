@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MilvusServer", "milvus_server"]
+__all__ = ["MilvusServer", "milvus_server", "typed_acl_collection"]
 
 _VERSION = "2.3.5"
 
@@ -169,3 +169,29 @@ def milvus_server(*, timeout: float = 180.0) -> Iterator[MilvusServer]:
             process.kill()
             process.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def typed_acl_collection(uri: str, name: str, *, dim: int, metric: str = "L2") -> None:
+    """Create collection ``name`` at ``uri`` with the ACL keys as schema fields, as docs/stores-and-pushdown.md does.
+
+    ``tenant`` VARCHAR, ``users`` and ``roles`` ARRAY of VARCHAR, ``public`` BOOL, the rest of the
+    metadata in the dynamic field; a FLAT index with ``metric``; ``Session`` consistency, as
+    LlamaIndex's store creates its own (a search sees the writes made before it). Open it with
+    ``MilvusVectorStore(uri=uri, collection_name=name, overwrite=False, ...)``.
+    """
+    from pymilvus import DataType, MilvusClient
+
+    client = MilvusClient(uri=uri)
+    try:
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=True)
+        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=65_535)
+        schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=dim)
+        schema.add_field("tenant", DataType.VARCHAR, max_length=256)
+        for field in ("users", "roles"):
+            schema.add_field(field, DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=64, max_length=256)
+        schema.add_field("public", DataType.BOOL)
+        index = client.prepare_index_params()
+        index.add_index("embedding", index_type="FLAT", metric_type=metric)
+        client.create_collection(name, schema=schema, index_params=index, consistency_level="Session")
+    finally:
+        client.close()
